@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests, every chapter under nbval, the site build, the browser test.
+# One pytest run at the end, so its closing line counts everything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+echo "== build the site (executes every chapter)"
+bash scripts/book.sh
+
+echo "== chapters -> notebooks for nbval (_build/nbval)"
+rm -rf _build/nbval && mkdir -p _build/nbval
+for md in book/*.md; do
+  jupytext --quiet --to ipynb --output "_build/nbval/$(basename "${md%.md}").ipynb" "$md"
+done
+
+echo "== pytest: unit tests, chapters (nbval-lax), browser"
+pytest tests _build/nbval --nbval-lax -p no:cacheprovider "$@"

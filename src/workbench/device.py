@@ -1,0 +1,199 @@
+"""Where code runs, and what is available there, with reasons.
+
+Three places, decided once at import:
+
+* ``"cuda"``  an NVIDIA GPU (``torch.cuda.is_available()`` and ``torch.version.hip is None``);
+* ``"rocm"``  an AMD GPU through ROCm (``torch.version.hip`` is set; aiter may be importable);
+* ``"cpu"``   no GPU: Triton kernels run under the Triton interpreter.
+
+On CPU this module sets ``TRITON_INTERPRET=1`` in the environment *before* any kernel module of the
+workbench is imported (``import workbench`` imports this module first), because ``@triton.jit``
+reads the variable when it decorates a function: set later, it has no effect and the first launch
+fails with ``RuntimeError: 0 active drivers``. A value the user set explicitly is respected.
+
+The interpreter computes bfloat16 on raw bit patterns (triton issues #11584 and #10945): a bf16
+``tl.dot`` returns values near 1e10. :func:`check_kernel_dtype` refuses bf16 there with a message
+that says what to do instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import platform as _platform
+
+import torch
+
+__all__ = [
+    "Availability",
+    "Platform",
+    "aiter_status",
+    "check_kernel_dtype",
+    "default_device",
+    "describe",
+    "interpreter_active",
+    "on_gpu",
+    "platform",
+    "vllm_status",
+]
+
+
+def _choose_interpreter() -> bool:
+    """Set ``TRITON_INTERPRET=1`` when there is no GPU and the user did not decide; return the choice."""
+    explicit = os.environ.get("TRITON_INTERPRET")
+    if explicit is not None:
+        return explicit == "1"
+    if torch.cuda.is_available():
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+_INTERPRETER_AT_IMPORT = _choose_interpreter()
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """Facts about the place this process runs."""
+
+    kind: str  # "cuda" | "rocm" | "cpu"
+    device_name: str  # e.g. "NVIDIA H200", "AMD Instinct MI300X", or the CPU's name
+    interpreter: bool  # Triton kernels run under TRITON_INTERPRET=1
+    torch_version: str
+    triton_version: str | None
+    gpu_arch: str | None  # "sm_90", "gfx942", ...
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu" if self.kind == "cpu" else "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class Availability:
+    """Whether an optional package can be used here, and if not, why."""
+
+    name: str
+    available: bool
+    version: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        state = "available" if self.available else "unavailable"
+        ver = f" {self.version}" if self.version else ""
+        return f"{self.name}{ver}: {state} ({self.reason})"
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@functools.cache
+def platform() -> Platform:
+    """Detect the platform once per process."""
+    triton_version = _dist_version("triton", "pytorch-triton-rocm", "triton-rocm")
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        if torch.version.hip is not None:
+            arch = getattr(props, "gcnArchName", "gfx?").split(":")[0]
+            return Platform("rocm", props.name, interpreter, torch.__version__, triton_version, arch)
+        arch = f"sm_{props.major}{props.minor}"
+        return Platform("cuda", props.name, interpreter, torch.__version__, triton_version, arch)
+    cpu = _platform.processor() or _platform.machine() or "CPU"
+    return Platform("cpu", cpu, interpreter, torch.__version__, triton_version, None)
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run under the interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def on_gpu() -> bool:
+    """True on an NVIDIA or AMD GPU with compiled (not interpreted) Triton kernels."""
+    return platform().kind != "cpu" and not interpreter_active()
+
+
+def default_device() -> torch.device:
+    """The device tensors should live on for kernels here: ``cuda`` on a GPU, else ``cpu``."""
+    return platform().device
+
+
+def check_kernel_dtype(dtype: torch.dtype, arg: str = "q") -> None:
+    """Refuse bfloat16 under the Triton interpreter, which computes it on raw bit patterns.
+
+    Raises:
+        TypeError: naming ``arg``, the rule and the fix.
+    """
+    if dtype == torch.bfloat16 and interpreter_active():
+        raise TypeError(
+            f"{arg} has dtype torch.bfloat16, but the Triton interpreter (TRITON_INTERPRET=1, used on CPU) "
+            "computes bfloat16 on raw bit patterns and returns garbage (triton issues #11584, #10945). "
+            "Use torch.float16 or torch.float32 on CPU, or run on a GPU for bf16."
+        )
+
+
+@functools.cache
+def aiter_status() -> Availability:
+    """Whether ``aiter`` (AMD's kernel library, PyPI ``amd-aiter``) is usable here.
+
+    ``import aiter`` runs ``hipconfig``/``hipcc`` at import and raises RuntimeError (not ImportError)
+    without ROCm, so it is only attempted on ROCm, and both errors are caught. An unrelated PyPI
+    package is also named ``aiter`` (async iterators); it is told apart by the missing ``aiter.mla``.
+    """
+    version = _dist_version("amd-aiter", "aiter")
+    if importlib.util.find_spec("aiter") is None:
+        return Availability("aiter", False, None, "not installed; on ROCm: pip install '.[rocm]'")
+    if torch.version.hip is None:
+        return Availability(
+            "aiter", False, version,
+            "needs ROCm: this torch has no HIP, and import aiter raises RuntimeError without ROCm (not attempted)",
+        )
+    try:
+        import aiter  # noqa: F401
+        import aiter.mla  # noqa: F401
+    except (ImportError, RuntimeError, OSError) as exc:  # RuntimeError: no ROCm toolchain
+        return Availability("aiter", False, version, f"import failed: {type(exc).__name__}: {exc}")
+    if not hasattr(aiter.mla, "mla_decode_fwd"):
+        return Availability("aiter", False, version, "aiter.mla has no mla_decode_fwd (wrong package or version?)")
+    return Availability("aiter", True, version, "aiter.mla.mla_decode_fwd importable")
+
+
+@functools.cache
+def vllm_status() -> Availability:
+    """Whether a real vLLM is importable here (for the conformance checks)."""
+    version = _dist_version("vllm")
+    if importlib.util.find_spec("vllm") is None:
+        return Availability("vllm", False, None, "not installed; the conformance environment is made by scripts/vllm_env.sh")
+    try:
+        import vllm.v1.attention.backend  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - report any failure as the reason
+        return Availability("vllm", False, version, f"import failed: {type(exc).__name__}: {exc}")
+    return Availability("vllm", True, version, "vllm.v1.attention.backend importable")
+
+
+def describe() -> str:
+    """A short summary of where code runs here; shown at the top of every chapter."""
+    p = platform()
+    where = {
+        "cuda": f"NVIDIA GPU {p.device_name} ({p.gpu_arch})",
+        "rocm": f"AMD GPU {p.device_name} ({p.gpu_arch}, ROCm {torch.version.hip})",
+        "cpu": f"CPU ({p.device_name}), no GPU",
+    }[p.kind]
+    mode = "Triton interpreter (TRITON_INTERPRET=1): use fp16/fp32, keep shapes small" if interpreter_active() \
+        else "compiled Triton kernels"
+    lines = [
+        f"device : {where}",
+        f"kernels: {mode}",
+        f"torch  : {p.torch_version}   triton: {p.triton_version or 'not installed'}",
+        f"aiter  : {aiter_status()}",
+        f"vllm   : {vllm_status()}",
+    ]
+    return "\n".join(lines)
