@@ -3,6 +3,7 @@
 Subcommands (each registered by one ``_add_*`` function below; keep them in the order of the book):
 
 * ``workbench info``            where code runs here (``workbench.device.describe()``)
+* ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance)
 
 Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage.
 """
@@ -24,6 +25,14 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def _bench_group(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Get or create the ``workbench bench`` group; benchmark registrars add their subcommand to it."""
+    if "bench" not in sub.choices:
+        p = sub.add_parser("bench", help="GPU benchmarks that write JSON with provenance (need a GPU)")
+        p.set_defaults(_bench_sub=p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK"))
+    return sub.choices["bench"].get_default("_bench_sub")
 
 
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).

@@ -1,0 +1,127 @@
+"""Shared benchmark machinery: CUDA-graph timing, the copy-bandwidth ceiling, and provenance.
+
+How things are timed (the device tool's METHOD.md): warm up first; capture the work in a CUDA
+graph (``graph_reps`` launches per graph) and time graph replays with CUDA events; report the
+median over ``repeats`` replays, divided by the launches per replay. Inputs are random, never zeros.
+The ceiling every result is compared with is measured in the same run (:func:`copy_bandwidth`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform as _platform
+import shlex
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["copy_bandwidth", "provenance", "require_gpu", "time_cuda_graph", "time_eager", "write_json"]
+
+
+def require_gpu() -> torch.device:
+    """The CUDA/ROCm device, or a clear error: benchmarks need a compiled GPU, not the interpreter."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("benchmarks need a CUDA or ROCm GPU; this machine has none (torch.cuda.is_available() is False)")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1 is set: unset it to benchmark compiled kernels")
+    return torch.device("cuda")
+
+
+def time_cuda_graph(fn: Callable[[], Any], *, graph_reps: int = 20, repeats: int = 30, warmup: int = 3) -> float:
+    """Median time of one ``fn()`` call in microseconds, under CUDA-graph replay.
+
+    ``fn`` must be capturable: no host synchronisation, no allocation that changes between calls.
+    ``graph_reps`` calls are captured into one graph to amortise the replay launch.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / graph_reps)
+    return statistics.median(times)
+
+
+def time_eager(fn: Callable[[], Any], *, reps: int = 20, repeats: int = 15, warmup: int = 3) -> float:
+    """Median time of one ``fn()`` call in microseconds, launched eagerly (for code that cannot be captured)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> dict[str, float]:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
+
+    ``nbytes`` per buffer (default 2 GiB, far above any L2) so the cache does not flatter it.
+    """
+    device = require_gpu()
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = time_cuda_graph(lambda: dst.copy_(src), graph_reps=5, repeats=20)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes_per_buffer": nbytes, "time_us": us, "gb_s": 2 * nbytes / (us * 1e-6) / 1e9}
+
+
+def provenance(command: str | None = None) -> dict[str, Any]:
+    """Who measured what, where and when: device, driver, versions, date, and the command line."""
+    import triton
+
+    info: dict[str, Any] = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "host": _platform.node(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            device=props.name,
+            sm_count=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            compute_capability=f"{props.major}.{props.minor}",
+        )
+    return info
+
+
+def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """Write a benchmark result (pretty, sorted keys) and return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    return path
