@@ -6,16 +6,43 @@ block ``b`` with kernel block size ``K`` covers rows ``b*K .. b*K+K-1``.
 
 ``DecodeMetadata`` is defined here (the builder that fills it lives here too) and re-exported by
 ``workbench.metadata``, which adds aiter-style persistent scheduling on top.
+
+Contents, in the order the chapter introduces them:
+
+* :func:`expand_page_indices_ref`: the spec, a plain Python loop;
+* :func:`expand_page_indices`: the Triton kernel (2-D grid: request x chunk of tokens);
+* :func:`expand_page_indices_pre_pr`: the pre-PR path (hybrid split to kernel block size 1, then a copy);
+* :func:`validate_expand_inputs`: the checks, each error naming the argument, the value, the rule and the fix;
+* :func:`build_flat_decode_metadata`: the one builder of :class:`DecodeMetadata` the other chapters use.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
-__all__ = ["DecodeMetadata"]
+from workbench import device as _device
+
+__all__ = [
+    "INT32_MAX",
+    "DecodeMetadata",
+    "ExpandConfig",
+    "build_flat_decode_metadata",
+    "expand_config",
+    "expand_page_indices",
+    "expand_page_indices_dense",
+    "expand_page_indices_pre_pr",
+    "expand_page_indices_ref",
+    "expand_page_indices_serial",
+    "validate_expand_inputs",
+]
+
+INT32_MAX = 2**31 - 1  # kv_indptr and kv_indices are int32 in aiter's interface
 
 
 @dataclasses.dataclass
@@ -45,3 +72,540 @@ class DecodeMetadata:
     @property
     def num_reqs(self) -> int:
         return self.qo_indptr.numel() - 1
+
+
+# --------------------------------------------------------------------------------------------
+# 1. The spec: a plain loop, obviously right.
+# --------------------------------------------------------------------------------------------
+
+
+def expand_page_indices_ref(
+    block_table: torch.Tensor, seq_lens: torch.Tensor | Sequence[int], kernel_block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spec of the expansion, as a plain Python loop (no validation; use it on small inputs).
+
+    Token ``t`` of request ``r`` lives in block ``block_table[r, t // K]`` at offset ``t % K``,
+    which is row ``block_table[r, t // K] * K + t % K`` of the cache viewed with page_size 1.
+
+    Args:
+        block_table: ``(num_reqs, max_blocks_per_req)`` integer block ids.
+        seq_lens: ``(num_reqs,)`` tokens per request (tensor or list).
+        kernel_block_size: ``K``, tokens per block.
+
+    Returns:
+        ``(kv_indices, kv_indptr)``: ``(sum(seq_lens),) int32`` and ``(num_reqs + 1,) int32``, on
+        ``block_table``'s device.
+    """
+    K = int(kernel_block_size)
+    rows = block_table.tolist()
+    lens = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else list(seq_lens)
+    kv_indices: list[int] = []
+    kv_indptr = [0]
+    for r, seq_len in enumerate(lens):
+        for t in range(int(seq_len)):
+            kv_indices.append(rows[r][t // K] * K + t % K)
+        kv_indptr.append(kv_indptr[-1] + int(seq_len))
+    dev = block_table.device
+    return (torch.tensor(kv_indices, dtype=torch.int32, device=dev),
+            torch.tensor(kv_indptr, dtype=torch.int32, device=dev))
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Validation: every bad input gets an error naming the argument, the value, the rule, the fix.
+# --------------------------------------------------------------------------------------------
+
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_kernel_block_size(kernel_block_size: Any) -> int:
+    if isinstance(kernel_block_size, bool) or not isinstance(kernel_block_size, int):
+        raise TypeError(
+            f"kernel_block_size must be a Python int, got {kernel_block_size!r} ({type(kernel_block_size).__name__}); "
+            "pass the kernel block size as an int, e.g. 16"
+        )
+    if kernel_block_size <= 0:
+        raise ValueError(
+            f"kernel_block_size must be a positive number of tokens per block, got {kernel_block_size}; "
+            "use the KV-cache group's kernel block size (e.g. 16)"
+        )
+    return kernel_block_size
+
+
+def _check_int_tensor(t: Any, name: str, ndim: int, dtypes: tuple[torch.dtype, ...] = _INT_DTYPES) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; convert it with torch.as_tensor")
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}, got {t.dtype}; convert it with .to(torch.int32)")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+
+
+def validate_expand_inputs(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kernel_block_size: int,
+    *,
+    num_blocks: int | None = None,
+    out: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    check_values: bool = True,
+) -> None:
+    """Check the inputs of :func:`expand_page_indices`; raise ``TypeError``/``ValueError`` on the first problem.
+
+    Structural checks (types, dtypes, shapes, devices, ``K``) never touch device memory. With
+    ``check_values`` (the default) it also reads ``seq_lens`` and the used part of ``block_table``
+    on the host, which synchronises with the device: negative ``seq_lens``, a ``seq_len`` larger
+    than its row holds (``max_blocks_per_req * K``), a ``seq_len`` above ``max_seq_len``, negative
+    block ids or ids ``>= num_blocks`` (only the ``ceil(seq_len / K)`` entries each request uses are
+    checked: the rest of a row is padding), ``sum(seq_lens)`` or the largest flat index beyond int32,
+    and ``out`` too small for ``sum(seq_lens)``.
+
+    Args:
+        block_table: ``(num_reqs, max_blocks_per_req)`` int32 or int64.
+        seq_lens: ``(num_reqs,)`` int32 or int64, same device.
+        kernel_block_size: ``K > 0`` (Python int).
+        num_blocks: number of blocks in the KV cache (of ``K`` tokens each), if known.
+        out: ``(N,) int32`` destination for ``kv_indices``, if preallocated.
+        kv_indptr: ``(num_reqs + 1,) int32`` destination for ``kv_indptr``, if preallocated.
+        max_seq_len: host-side upper bound of ``seq_lens``, if given.
+        check_values: also check the values (host sync); off for CUDA-graph capture.
+    """
+    K = _check_kernel_block_size(kernel_block_size)
+    _check_int_tensor(block_table, "block_table", 2)
+    _check_int_tensor(seq_lens, "seq_lens", 1)
+    num_reqs, max_blocks = block_table.shape
+    if seq_lens.shape[0] != num_reqs:
+        raise ValueError(
+            f"seq_lens has {seq_lens.shape[0]} entries but block_table has {num_reqs} rows; "
+            "there must be one seq_len per request (row)"
+        )
+    if seq_lens.device != block_table.device:
+        raise ValueError(
+            f"seq_lens is on {seq_lens.device} but block_table is on {block_table.device}; "
+            "move both to the same device"
+        )
+    for name, t, n in (("out", out, None), ("kv_indptr", kv_indptr, num_reqs + 1)):
+        if t is None:
+            continue
+        _check_int_tensor(t, name, 1, (torch.int32,))
+        if t.device != block_table.device:
+            raise ValueError(f"{name} is on {t.device} but block_table is on {block_table.device}; allocate it there")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel writes it as a flat array); pass a contiguous buffer")
+        if n is not None and t.numel() != n:
+            raise ValueError(f"kv_indptr must have num_reqs + 1 = {n} entries, got {t.numel()}")
+    if num_blocks is not None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise ValueError(f"num_blocks must be a non-negative int (blocks in the KV cache), got {num_blocks!r}")
+        if num_blocks * K - 1 > INT32_MAX:
+            raise ValueError(
+                f"num_blocks * kernel_block_size = {num_blocks} * {K} = {num_blocks * K} token rows exceed int32 "
+                f"(max row index {INT32_MAX}); kv_indices are int32 in aiter's interface: use a smaller cache per view"
+            )
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 0):
+        raise ValueError(f"max_seq_len must be a non-negative Python int (a host-side bound), got {max_seq_len!r}")
+    if not check_values or num_reqs == 0:
+        return
+
+    lens = seq_lens.to("cpu", torch.int64)
+    if (lens < 0).any():
+        r = int(torch.nonzero(lens < 0)[0, 0])
+        raise ValueError(f"seq_lens[{r}] = {int(lens[r])} is negative; a request holds zero or more tokens")
+    capacity = max_blocks * K
+    if (lens > capacity).any():
+        r = int(torch.nonzero(lens > capacity)[0, 0])
+        raise ValueError(
+            f"seq_lens[{r}] = {int(lens[r])} exceeds what its block_table row holds: {max_blocks} blocks x "
+            f"kernel_block_size {K} = {capacity} tokens; widen block_table or check kernel_block_size"
+        )
+    if max_seq_len is not None and int(lens.max()) > max_seq_len:
+        r = int(torch.argmax(lens))
+        raise ValueError(
+            f"seq_lens[{r}] = {int(lens[r])} exceeds max_seq_len = {max_seq_len}; the kernel's grid covers only "
+            "max_seq_len tokens per request: pass a larger bound"
+        )
+    total = int(lens.sum())
+    if total > INT32_MAX:
+        raise ValueError(
+            f"sum(seq_lens) = {total} exceeds int32 ({INT32_MAX}); kv_indptr and kv_indices are int32 in "
+            "aiter's interface: split the batch"
+        )
+    if out is not None and out.numel() < total:
+        raise ValueError(f"out has {out.numel()} entries but sum(seq_lens) = {total}; allocate at least that many")
+    # Only the entries each request actually uses: the rest of a row is padding (vLLM leaves zeros there).
+    used = torch.arange(max_blocks)[None, :] < ((lens + K - 1) // K)[:, None]
+    ids = block_table.to("cpu", torch.int64)
+    if (ids[used] < 0).any():
+        r, j = (int(x) for x in torch.nonzero(used & (ids < 0))[0])
+        raise ValueError(f"block_table[{r}, {j}] = {int(ids[r, j])} is a negative block id; block ids are >= 0")
+    if used.any():
+        top = int(ids[used].max())
+        if num_blocks is not None and top >= num_blocks:
+            r, j = (int(x) for x in torch.nonzero(used & (ids >= num_blocks))[0])
+            raise ValueError(
+                f"block_table[{r}, {j}] = {int(ids[r, j])} is outside the KV cache of num_blocks = {num_blocks} "
+                f"(valid ids 0..{num_blocks - 1})"
+            )
+        if top * K + K - 1 > INT32_MAX:
+            raise ValueError(
+                f"block id {top} with kernel_block_size {K} gives token row {top * K + K - 1}, beyond int32 "
+                f"({INT32_MAX}); kv_indices are int32 in aiter's interface"
+            )
+
+
+def _check_runs_here(t: torch.Tensor) -> None:
+    """The kernel runs natively on a GPU, or under the interpreter on CPU tensors."""
+    if _device.interpreter_active():
+        if t.device.type != "cpu":
+            raise ValueError(
+                f"block_table is on {t.device}, but Triton runs under the interpreter (TRITON_INTERPRET=1), "
+                "which needs CPU tensors; move the inputs to the CPU or unset TRITON_INTERPRET"
+            )
+    elif t.device.type != "cuda":
+        raise ValueError(f"block_table is on {t.device}, but the Triton kernel runs on the GPU; move the inputs to 'cuda'")
+
+
+# --------------------------------------------------------------------------------------------
+# 3. The kernel: a 2-D grid (request x chunk of tokens), so one long request spreads over the GPU.
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _expand_page_indices_kernel(
+    block_table_ptr,  # (num_reqs, max_blocks_per_req) int32/int64 block ids
+    block_table_stride,  # elements between consecutive rows of block_table
+    seq_lens_ptr,  # (num_reqs,) int32/int64 tokens per request
+    kv_indptr_ptr,  # (num_reqs + 1,) int32 out: cumulative seq_lens (written by chunk-program 0 of each request)
+    kv_indices_ptr,  # (>= sum(seq_lens),) int32 out: flat token rows
+    K: tl.constexpr,  # kernel block size (tokens per block); constexpr so // and % become shifts or multiplies
+    BLOCK_T: tl.constexpr,  # tokens per chunk; chunks are aligned to multiples of BLOCK_T in the OUTPUT
+    BLOCK_R: tl.constexpr,  # seq_lens read per step of this request's prefix sum
+):
+    r = tl.program_id(0)  # request
+    c = tl.program_id(1)  # this program's first chunk; it then strides by the grid's second dimension
+    n_c = tl.num_programs(1)
+
+    # start = sum(seq_lens[:r]), computed here so the whole expansion is one launch (no separate cumsum).
+    start = tl.program_id(0) * 0
+    for i in range(0, r, BLOCK_R):
+        offs = i + tl.arange(0, BLOCK_R)
+        start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int32))
+    seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+    end = start + seq_len
+    if c == 0:
+        tl.store(kv_indptr_ptr + r + 1, end)
+        if r == 0:
+            tl.store(kv_indptr_ptr, start)  # = 0
+
+    row = block_table_ptr + r.to(tl.int64) * block_table_stride
+    # Chunks are aligned to BLOCK_T in the output (not in the request), so every full chunk is an
+    # aligned, unmasked, vectorisable store; only the (at most two) edge chunks of a request are masked.
+    first = start // BLOCK_T
+    last = (end + BLOCK_T - 1) // BLOCK_T
+    for chunk in range(first + c, last, n_c):
+        base = tl.multiple_of(chunk * BLOCK_T, BLOCK_T)
+        p = base + tl.arange(0, BLOCK_T)  # output positions
+        t = p - start  # token positions inside the request
+        if (base >= start) & (base + BLOCK_T <= end):
+            blk = tl.load(row + t // K)
+            tl.store(kv_indices_ptr + p, (blk * K + t % K).to(tl.int32))
+        else:
+            m = (p >= start) & (p < end)
+            blk = tl.load(row + t // K, mask=m, other=0)
+            tl.store(kv_indices_ptr + p, (blk * K + t % K).to(tl.int32), mask=m)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpandConfig:
+    """Launch parameters of :func:`expand_page_indices` (tuned on an H200; see the benchmark)."""
+
+    block_t: int = 1024  # tokens per chunk (power of two)
+    num_warps: int = 4
+    max_chunk_programs: int = 65535  # cap of the grid's second dimension (CUDA's limit); programs then stride
+
+
+def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
+    """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens."""
+    return ExpandConfig()
+
+
+def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len, config: ExpandConfig) -> None:
+    num_reqs = block_table.shape[0]
+    chunks = min(triton.cdiv(max_seq_len, config.block_t) + 1, config.max_chunk_programs)
+    block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
+    _expand_page_indices_kernel[(num_reqs, chunks)](
+        block_table, block_table.stride(0), seq_lens, kv_indptr, kv_indices,
+        K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, num_warps=config.num_warps,
+    )
+
+
+def expand_page_indices(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kernel_block_size: int,
+    *,
+    out: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    validate: bool = True,
+    num_blocks: int | None = None,
+    config: ExpandConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expand block-table entries into per-token flat KV indices, on the device, in one launch.
+
+    ``kv_indices[kv_indptr[r] + t] = block_table[r, t // K] * K + t % K`` for ``t < seq_lens[r]``
+    (:func:`expand_page_indices_ref` is the spec). One Triton launch with a 2-D grid (request x
+    chunk of tokens) computes both outputs; ``kv_indptr`` is computed in the kernel too.
+
+    Host synchronisation: none when ``out``, ``kv_indptr`` and ``max_seq_len`` are given and
+    ``validate=False``; the call can then be captured in a CUDA graph (validate once outside the
+    graph with :func:`validate_expand_inputs`). Otherwise ``sum(seq_lens)`` (to size ``out``) and
+    ``max(seq_lens)`` (to size the grid) are read on the host.
+
+    Args:
+        block_table: ``(num_reqs, max_blocks_per_req)`` int32/int64 block ids (row stride may be > width).
+        seq_lens: ``(num_reqs,)`` int32/int64 tokens per request, same device.
+        kernel_block_size: ``K``, tokens per block (Python int > 0).
+        out: optional ``(N,) int32`` buffer, ``N >= sum(seq_lens)``; entries from ``sum(seq_lens)`` on
+            are left untouched.
+        kv_indptr: optional ``(num_reqs + 1,) int32`` buffer that receives the cumulative seq_lens.
+        max_seq_len: optional host-side bound ``>= max(seq_lens)``; a smaller one silently drops tokens
+            when ``validate=False``.
+        validate: run :func:`validate_expand_inputs` (reads values on the host; refuses to run during
+            CUDA-graph capture).
+        num_blocks: KV-cache size in blocks, for the out-of-cache check.
+        config: launch parameters (default: :func:`expand_config`).
+
+    Returns:
+        ``(kv_indices, kv_indptr)``: ``(sum(seq_lens),) int32`` (the first ``sum(seq_lens)`` entries of
+        ``out`` when given; all of ``out`` when ``validate=False``, because the total is not read then)
+        and ``(num_reqs + 1,) int32``.
+    """
+    K = _check_kernel_block_size(kernel_block_size)
+    if validate:
+        if block_table.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "expand_page_indices(validate=True) reads seq_lens and block_table on the host, which is not "
+                "allowed during CUDA-graph capture; call validate_expand_inputs(...) once before capturing and "
+                "pass validate=False inside the graph"
+            )
+        validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks, out=out, kv_indptr=kv_indptr,
+                               max_seq_len=max_seq_len, check_values=True)
+    else:
+        validate_expand_inputs(block_table, seq_lens, K, out=out, kv_indptr=kv_indptr, max_seq_len=max_seq_len,
+                               check_values=False)
+    _check_runs_here(block_table)
+    num_reqs = block_table.shape[0]
+    total = None
+    if out is None or validate:
+        total = int(seq_lens.sum()) if num_reqs else 0
+    if out is None:
+        out = torch.empty(total, dtype=torch.int32, device=block_table.device)
+    if kv_indptr is None:
+        kv_indptr = torch.empty(num_reqs + 1, dtype=torch.int32, device=block_table.device)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if num_reqs else 0
+    if num_reqs == 0:
+        kv_indptr.zero_()
+    else:
+        _launch_expand(block_table, seq_lens, K, out, kv_indptr, max_seq_len,
+                       config or expand_config(num_reqs, max_seq_len))
+    return (out if total is None else out[:total]), kv_indptr
+
+
+# --------------------------------------------------------------------------------------------
+# 4. What it replaced, and the baselines the benchmark compares it with.
+# --------------------------------------------------------------------------------------------
+
+
+def _split_block_table(block_table: torch.Tensor, manager_block_size: int, kernel_block_size: int) -> torch.Tensor:
+    """vLLM's hybrid-block split: manager block id ``i`` -> kernel ids ``i*(b//k) + arange(b//k)``.
+
+    ``(num_reqs, n) -> (num_reqs, n * (b // k))``, on the same device (vLLM does this on the host).
+    """
+    if kernel_block_size <= 0 or manager_block_size % kernel_block_size:
+        raise ValueError(
+            f"kernel_block_size {kernel_block_size} must divide kv_manager_block_size size {manager_block_size} evenly"
+        )
+    ratio = manager_block_size // kernel_block_size
+    offs = torch.arange(ratio, dtype=block_table.dtype, device=block_table.device)
+    return (block_table[:, :, None] * ratio + offs).reshape(block_table.shape[0], -1)
+
+
+def expand_page_indices_pre_pr(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, kernel_block_size: int, *, validate: bool = True,
+    num_blocks: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pre-PR path: kernel block size 1 through hybrid splitting, then a plain copy per row.
+
+    Before vLLM PR #39616, AITER MLA declared kernel block size ``[1]``: the block table
+    (manager blocks of ``K`` tokens) was split on the host into a ``K`` times wider table of
+    one-token blocks, and a copy kernel took the first ``seq_lens[r]`` entries of each row.
+    Same arguments and results as :func:`expand_page_indices`; it must give identical indices.
+    """
+    K = _check_kernel_block_size(kernel_block_size)
+    if validate:
+        validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks)
+    table_k1 = _split_block_table(block_table.cpu(), K, 1).to(block_table.device)  # (num_reqs, max_blocks * K)
+    keep = torch.arange(table_k1.shape[1], device=block_table.device)[None, :] < seq_lens[:, None]
+    kv_indices = table_k1[keep].to(torch.int32)  # row-major: request 0's tokens, then request 1's, ...
+    kv_indptr = torch.zeros(block_table.shape[0] + 1, dtype=torch.int32, device=block_table.device)
+    kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+    return kv_indices, kv_indptr
+
+
+@triton.jit
+def _expand_serial_kernel(
+    block_table_ptr,  # (num_reqs, max_blocks_per_req) block ids
+    block_table_stride,  # elements between rows of block_table
+    kv_indptr_ptr,  # (num_reqs + 1,) int32 in: cumulative seq_lens (computed before the launch)
+    kv_indices_ptr,  # (sum(seq_lens),) int32 out
+    K: tl.constexpr,  # kernel block size
+    BLOCK_T: tl.constexpr,  # tokens per loop iteration (1024 in the design it mirrors)
+):
+    r = tl.program_id(0)  # one program per request ...
+    start = tl.load(kv_indptr_ptr + r)
+    seq_len = tl.load(kv_indptr_ptr + r + 1) - start
+    row = block_table_ptr + r.to(tl.int64) * block_table_stride
+    for i in range(0, seq_len, BLOCK_T):  # ... which walks its whole request serially
+        t = i + tl.arange(0, BLOCK_T)
+        m = t < seq_len
+        blk = tl.load(row + t // K, mask=m, other=0)
+        tl.store(kv_indices_ptr + start + t, (blk * K + t % K).to(tl.int32), mask=m)
+
+
+def _launch_serial(block_table: torch.Tensor, kv_indptr: torch.Tensor, K: int, out: torch.Tensor,
+                   block_t: int = 1024) -> None:
+    _expand_serial_kernel[(block_table.shape[0],)](
+        block_table, block_table.stride(0), kv_indptr, out, K=K, BLOCK_T=block_t, num_warps=4)
+
+
+def expand_page_indices_serial(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, kernel_block_size: int, *, validate: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The design vLLM v0.20 shipped, rewritten from its description, for comparison only.
+
+    One program per request, looping over its tokens in 1024-token chunks; ``kv_indptr`` is a
+    ``torch.cumsum`` before the launch. A single long request therefore runs on one SM (vLLM PRs
+    #57978/#58661 later fixed the slowness this causes at low concurrency). Same results as
+    :func:`expand_page_indices`.
+    """
+    K = _check_kernel_block_size(kernel_block_size)
+    validate_expand_inputs(block_table, seq_lens, K, check_values=validate)
+    _check_runs_here(block_table)
+    num_reqs = block_table.shape[0]
+    kv_indptr = torch.zeros(num_reqs + 1, dtype=torch.int32, device=block_table.device)
+    kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+    out = torch.empty(int(kv_indptr[-1]), dtype=torch.int32, device=block_table.device)
+    if num_reqs:
+        _launch_serial(block_table, kv_indptr, K, out)
+    return out, kv_indptr
+
+
+def expand_page_indices_dense(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, kernel_block_size: int, *, max_seq_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch: build a dense ``(num_reqs, max_seq_len)`` index tensor, then keep the valid tokens.
+
+    Bytes moved: it materialises ``num_reqs * max_seq_len`` indices (several int64 temporaries) and
+    a boolean mask, then compacts them; the compaction (boolean indexing) synchronises with the host,
+    so it cannot be captured in a CUDA graph. No validation (a baseline, not an API).
+    """
+    K = _check_kernel_block_size(kernel_block_size)
+    num_reqs = block_table.shape[0]
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if num_reqs else 0
+    pos = torch.arange(max_seq_len, device=block_table.device)
+    blk = block_table.gather(1, (pos // K).clamp_max(block_table.shape[1] - 1).expand(num_reqs, -1))
+    dense = blk * K + pos % K  # (num_reqs, max_seq_len)
+    kv_indices = dense[pos[None, :] < seq_lens[:, None]].to(torch.int32)
+    kv_indptr = torch.zeros(num_reqs + 1, dtype=torch.int32, device=block_table.device)
+    kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+    return kv_indices, kv_indptr
+
+
+# --------------------------------------------------------------------------------------------
+# 5. The metadata aiter's decode call needs, built in one place.
+# --------------------------------------------------------------------------------------------
+
+
+def _host_query_lens(query_lens: Any, num_reqs: int) -> list[int]:
+    if isinstance(query_lens, torch.Tensor):
+        if query_lens.device.type != "cpu":
+            raise ValueError(
+                f"query_lens is on {query_lens.device}; it must be host-side (a list, tuple or CPU tensor) so that "
+                "max_qo_len needs no device sync: pass the CPU copy (vLLM keeps query_start_loc_cpu) or .tolist()"
+            )
+        if query_lens.dim() != 1 or query_lens.dtype.is_floating_point or query_lens.dtype == torch.bool:
+            raise TypeError(f"query_lens must be a 1-D integer tensor, got shape {tuple(query_lens.shape)} "
+                            f"dtype {query_lens.dtype}")
+        lens = [int(x) for x in query_lens.tolist()]
+    elif isinstance(query_lens, (list, tuple)):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in query_lens):
+            raise TypeError(f"query_lens must hold Python ints, got {list(query_lens)!r}")
+        lens = list(query_lens)
+    else:
+        raise TypeError(
+            f"query_lens must be a list, tuple or CPU tensor of ints, got {type(query_lens).__name__}"
+        )
+    if len(lens) != num_reqs:
+        raise ValueError(f"query_lens has {len(lens)} entries but block_table has {num_reqs} rows; one per request")
+    bad = [i for i, x in enumerate(lens) if x < 0]
+    if bad:
+        raise ValueError(f"query_lens[{bad[0]}] = {lens[bad[0]]} is negative; a request decodes zero or more tokens")
+    return lens
+
+
+def build_flat_decode_metadata(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: Sequence[int] | torch.Tensor,
+    kernel_block_size: int,
+    *,
+    num_blocks: int | None = None,
+    validate: bool = True,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+) -> DecodeMetadata:
+    """The metadata an aiter-style MLA decode call needs, for one step (the builder every chapter uses).
+
+    Args:
+        block_table: ``(num_reqs, max_blocks_per_req)`` int32/int64 block ids of blocks of ``K`` tokens.
+        seq_lens: ``(num_reqs,)`` int32/int64 KV tokens per request (including this step's queries).
+        query_lens: host-side query tokens per request (list, tuple or CPU tensor), so ``max_qo_len``
+            needs no device sync.
+        kernel_block_size: ``K``.
+        num_blocks, validate, max_seq_len, out, kv_indptr: passed to :func:`expand_page_indices`.
+
+    Returns:
+        :class:`DecodeMetadata` with ``qo_indptr`` ``(num_reqs + 1,) int32``, ``kv_indptr``
+        ``(num_reqs + 1,) int32``, ``kv_indices`` ``(sum(seq_lens),) int32`` (page_size-1 rows),
+        ``kv_last_page_lens`` ``(num_reqs,) int32`` ones, ``max_qo_len`` (int, 0 for an empty batch).
+    """
+    K = _check_kernel_block_size(kernel_block_size)
+    _check_int_tensor(block_table, "block_table", 2)
+    num_reqs = block_table.shape[0]
+    lens = _host_query_lens(query_lens, num_reqs)
+    dev = block_table.device
+    cum = [0]
+    for q in lens:
+        cum.append(cum[-1] + q)
+    qo_host = torch.tensor(cum, dtype=torch.int32)
+    if dev.type == "cuda":
+        qo_indptr = qo_host.pin_memory().to(dev, non_blocking=True)  # no wait for the device
+    else:
+        qo_indptr = qo_host.to(dev)
+    kv_indices, kv_indptr = expand_page_indices(
+        block_table, seq_lens, K, out=out, kv_indptr=kv_indptr, max_seq_len=max_seq_len,
+        validate=validate, num_blocks=num_blocks,
+    )
+    return DecodeMetadata(
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        kv_last_page_lens=torch.ones(num_reqs, dtype=torch.int32, device=dev),
+        max_qo_len=max(lens, default=0),
+    )
