@@ -15,5 +15,8 @@ for md in book/*.md; do
   jupytext --quiet --to ipynb --output "_build/nbval/$(basename "${md%.md}").ipynb" "$md"
 done
 
+echo "== vLLM conformance environment (.venv-vllm, cached)"
+bash scripts/vllm_env.sh || echo "vllm env could not be created: the vLLM conformance tests will skip with that reason"
+
 echo "== pytest: unit tests, chapters (nbval-lax), browser"
 pytest tests _build/nbval --nbval-lax -p no:cacheprovider "$@"
