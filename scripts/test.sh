@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
+echo "== vLLM conformance environment (.venv-vllm, cached; before the site build so chapter 1 can show the real vLLM answer)"
+bash scripts/vllm_env.sh || echo "vllm env could not be created: the vLLM conformance tests will skip with that reason"
+
 echo "== build the site (executes every chapter)"
 bash scripts/book.sh
 
@@ -14,9 +17,6 @@ rm -rf _build/nbval && mkdir -p _build/nbval
 for md in book/*.md; do
   jupytext --quiet --to ipynb --output "_build/nbval/$(basename "${md%.md}").ipynb" "$md"
 done
-
-echo "== vLLM conformance environment (.venv-vllm, cached)"
-bash scripts/vllm_env.sh || echo "vllm env could not be created: the vLLM conformance tests will skip with that reason"
 
 echo "== pytest: unit tests, chapters (nbval-lax), browser"
 pytest tests _build/nbval --nbval-lax -p no:cacheprovider "$@"
