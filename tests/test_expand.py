@@ -1,0 +1,376 @@
+"""workbench.expand: the kernel against the loop spec, the pre-PR path, the builder, every input check.
+
+Scenarios follow vLLM's attention tests: block 0 is reserved (never handed out), physical blocks are
+a random permutation, rows carry padding past the blocks a request uses, and output buffers are
+pre-filled with a sentinel so that a write outside ``[0, sum(seq_lens))`` shows up.
+On CPU the kernels run under the Triton interpreter, so sizes stay small.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import workbench  # noqa: F401  (sets TRITON_INTERPRET on CPU before kernels import)
+from workbench import device
+from workbench import expand as E
+
+DEV = device.default_device() if device.on_gpu() else torch.device("cpu")
+SENTINEL = -7_777_777
+KS = [1, 2, 16, 64, 256]
+
+
+def edge_lens(K: int, seed: int = 0) -> list[int]:
+    """seq lens 0, 1, K-1, K, K+1 (deduplicated, K-1 dropped when it is 0) and two random non-powers of two."""
+    rng = random.Random(seed * 1000 + K)
+    lens = [0, 1, K - 1, K, K + 1]
+    while len(lens) < 7:
+        x = rng.randint(2, 3 * K + 7)
+        if x & (x - 1):  # not a power of two
+            lens.append(x)
+    return lens
+
+
+def make_batch(seq_lens, K, *, seed=0, pad_blocks=2, dtype=torch.int32, pad_value=0, device=DEV):
+    """A block table with permuted physical blocks, block 0 reserved, ``pad_blocks`` unused columns per row."""
+    g = torch.Generator().manual_seed(seed)
+    used = [(n + K - 1) // K for n in seq_lens]
+    width = max(used, default=0) + pad_blocks
+    num_blocks = 1 + sum(used) + 3  # block 0 reserved, a few spare
+    ids = 1 + torch.randperm(num_blocks - 1, generator=g)
+    block_table = torch.full((len(seq_lens), width), pad_value, dtype=torch.int64)
+    at = 0
+    for r, n in enumerate(used):
+        block_table[r, :n] = ids[at:at + n]
+        at += n
+    return (block_table.to(dtype).to(device),
+            torch.tensor(seq_lens, dtype=dtype).to(device), num_blocks)
+
+
+def check_against_spec(block_table, seq_lens, K, num_blocks=None, config=None):
+    """Run the kernel into sentinel-filled buffers; compare with the spec and check the tail is untouched."""
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), K)
+    total = ref_indices.numel()
+    out = torch.full((total + 37,), SENTINEL, dtype=torch.int32, device=block_table.device)
+    indptr = torch.full((block_table.shape[0] + 1,), SENTINEL, dtype=torch.int32, device=block_table.device)
+    kv_indices, kv_indptr = E.expand_page_indices(block_table, seq_lens, K, out=out, kv_indptr=indptr,
+                                                  num_blocks=num_blocks, config=config)
+    assert kv_indices.numel() == total and (total == 0 or kv_indices.data_ptr() == out.data_ptr())
+    assert torch.equal(kv_indices.cpu(), ref_indices)
+    assert torch.equal(kv_indptr.cpu(), ref_indptr)
+    assert (out[total:] == SENTINEL).all(), "the kernel wrote past sum(seq_lens)"
+    return ref_indices, ref_indptr
+
+
+# Small chunks exercise the aligned interior path, the masked edges and the chunk striding under the interpreter.
+CONFIGS = {
+    "default": None,
+    "chunk16": E.ExpandConfig(block_t=16),
+    "chunk32-stride2": E.ExpandConfig(block_t=32, max_chunk_programs=2),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# the spec itself, on a case worked by hand
+# ----------------------------------------------------------------------------------------------
+
+
+def test_spec_by_hand():
+    # K = 4; request 0 holds 5 tokens in blocks 7, 3; request 1 holds 9 tokens in blocks 2, 5, 9.
+    block_table = torch.tensor([[7, 3, 0], [2, 5, 9]])
+    kv_indices, kv_indptr = E.expand_page_indices_ref(block_table, [5, 9], 4)
+    assert kv_indptr.tolist() == [0, 5, 14]
+    assert kv_indices.tolist() == [28, 29, 30, 31, 12, 8, 9, 10, 11, 20, 21, 22, 23, 36]
+    assert kv_indices.dtype == kv_indptr.dtype == torch.int32
+
+
+# ----------------------------------------------------------------------------------------------
+# the kernel against the spec: grids over K, edge lengths, configs, dtypes
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("K", KS)
+def test_kernel_matches_spec_edge_lengths(K, config):
+    block_table, seq_lens, num_blocks = make_batch(edge_lens(K), K, seed=K)
+    check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=CONFIGS[config])
+
+
+@pytest.mark.parametrize("prefix", [0, 5, 16])
+def test_chunk_boundaries_never_write_past_the_end(prefix):
+    # Every length of the last request from 0 to 3*BLOCK_T + 1 after a prefix request: the last chunk
+    # ends exactly at, one before and one after a chunk boundary, so an off-by-one in the
+    # interior/edge decision would write the sentinel tail.
+    config = E.ExpandConfig(block_t=16)
+    for n in range(0, 3 * 16 + 2):
+        block_table, seq_lens, num_blocks = make_batch([prefix, n], 4, seed=n)
+        check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=config)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("K", [1, 16])
+def test_kernel_dtypes(K, dtype):
+    block_table, seq_lens, num_blocks = make_batch([3, 0, 2 * K + 1, 97], K, seed=3, dtype=dtype)
+    check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+
+
+@pytest.mark.parametrize("K", [2, 16])
+def test_strided_block_table_and_garbage_padding(K):
+    # A view into a wider table (row stride > width) whose padding is -1: neither may be read.
+    block_table, seq_lens, num_blocks = make_batch([K + 1, 5, 3 * K], K, seed=1, pad_blocks=3, pad_value=-1)
+    view = block_table[:, : block_table.shape[1] - 1]
+    assert view.stride(0) != view.shape[1]
+    check_against_spec(view, seq_lens, K, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+
+
+def test_empty_batch_and_all_zero_lengths():
+    block_table = torch.zeros((0, 4), dtype=torch.int32, device=DEV)
+    kv_indices, kv_indptr = E.expand_page_indices(block_table, torch.zeros(0, dtype=torch.int32, device=DEV), 16)
+    assert kv_indices.numel() == 0 and kv_indptr.tolist() == [0]
+    block_table, seq_lens, _ = make_batch([0, 0, 0], 16)
+    check_against_spec(block_table, seq_lens, 16)
+
+
+def test_each_token_maps_to_its_own_row():
+    # With a permuted table every cache row appears at most once: the expansion is injective.
+    block_table, seq_lens, _ = make_batch([100, 37, 64, 1], 16, seed=5)
+    kv_indices, _ = E.expand_page_indices(block_table, seq_lens, 16)
+    assert kv_indices.unique().numel() == kv_indices.numel()
+    assert int(kv_indices.min()) >= 16, "block 0 is reserved, so no index may fall in rows 0..15"
+
+
+def test_no_validate_path_with_preallocated_buffers():
+    # The CUDA-graph path: buffers and bound given, validate=False; returns all of `out`.
+    block_table, seq_lens, _ = make_batch([33, 0, 70], 16, seed=2)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+    out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
+    indptr = torch.empty(4, dtype=torch.int32, device=DEV)
+    kv_indices, kv_indptr = E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr,
+                                                  max_seq_len=80, validate=False, config=CONFIGS["chunk16"])
+    assert kv_indices is out and kv_indptr is indptr
+    assert torch.equal(out[:103].cpu(), ref_indices) and (out[103:] == SENTINEL).all()
+    assert torch.equal(indptr.cpu(), ref_indptr)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    K=st.sampled_from(KS + [3, 5, 48]),
+    seq_lens=st.lists(st.integers(0, 300), min_size=0, max_size=5),
+    seed=st.integers(0, 2**16),
+    block_t=st.sampled_from([16, 64, 1024]),
+    stride_cap=st.sampled_from([1, 3, 65535]),
+)
+def test_kernel_property_matches_spec(K, seq_lens, seed, block_t, stride_cap):
+    block_table, lens, num_blocks = make_batch(seq_lens, K, seed=seed, pad_blocks=seed % 3)
+    check_against_spec(block_table, lens, K, num_blocks=num_blocks,
+                       config=E.ExpandConfig(block_t=block_t, max_chunk_programs=stride_cap))
+
+
+# ----------------------------------------------------------------------------------------------
+# the pre-PR path and the baselines give exactly the same indices
+# ----------------------------------------------------------------------------------------------
+
+
+def test_split_block_table_matches_hybrid_rule():
+    table = torch.tensor([[3, 0], [1, 2]])
+    assert E._split_block_table(table, 4, 1).tolist() == [[12, 13, 14, 15, 0, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11]]
+    assert E._split_block_table(table, 4, 2).tolist() == [[6, 7, 0, 1], [2, 3, 4, 5]]
+    with pytest.raises(ValueError, match="must divide kv_manager_block_size"):
+        E._split_block_table(table, 16, 3)
+
+
+@pytest.mark.parametrize("K", KS)
+def test_pre_pr_path_equals_post_pr(K):
+    for seed in range(3):
+        rng = random.Random(seed)
+        lens = [rng.randint(0, 3 * K + 9) for _ in range(rng.randint(1, 6))]
+        block_table, seq_lens, num_blocks = make_batch(lens, K, seed=seed)
+        post = E.expand_page_indices(block_table, seq_lens, K, num_blocks=num_blocks)
+        pre = E.expand_page_indices_pre_pr(block_table, seq_lens, K, num_blocks=num_blocks)
+        assert torch.equal(pre[0], post[0]) and torch.equal(pre[1], post[1])
+
+
+@pytest.mark.parametrize("K", [1, 16, 64])
+def test_serial_and_dense_baselines_match_spec(K):
+    block_table, seq_lens, _ = make_batch(edge_lens(K, seed=1), K, seed=7)
+    ref = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), K)
+    for fn in (E.expand_page_indices_serial, E.expand_page_indices_dense):
+        got = fn(block_table, seq_lens, K)
+        assert torch.equal(got[0].cpu(), ref[0]) and torch.equal(got[1].cpu(), ref[1]), fn.__name__
+
+
+# ----------------------------------------------------------------------------------------------
+# the metadata builder
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_type", [list, tuple, torch.tensor])
+def test_build_flat_decode_metadata(as_type):
+    block_table, seq_lens, num_blocks = make_batch([17, 1, 40], 16, seed=4)
+    query_lens = [1, 1, 4]
+    md = E.build_flat_decode_metadata(block_table, seq_lens, as_type(query_lens), 16, num_blocks=num_blocks)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+    assert md.qo_indptr.tolist() == [0, 1, 2, 6] and md.qo_indptr.dtype == torch.int32
+    assert torch.equal(md.kv_indptr.cpu(), ref_indptr) and torch.equal(md.kv_indices.cpu(), ref_indices)
+    assert md.kv_last_page_lens.tolist() == [1, 1, 1] and md.kv_last_page_lens.dtype == torch.int32
+    assert md.max_qo_len == 4 and md.num_reqs == 3 and md.has_persistent_metadata is False
+    assert md.qo_indptr.device == md.kv_indices.device == block_table.device
+
+
+def test_build_flat_decode_metadata_empty():
+    md = E.build_flat_decode_metadata(torch.zeros((0, 2), dtype=torch.int32), torch.zeros(0, dtype=torch.int32), [], 16)
+    assert md.num_reqs == 0 and md.max_qo_len == 0 and md.kv_indices.numel() == 0 and md.kv_indptr.tolist() == [0]
+
+
+@pytest.mark.parametrize("query_lens, exc, match", [
+    (torch.ones(2, dtype=torch.int32, device="meta"), ValueError, "must be host-side"),
+    ([1], ValueError, "query_lens has 1 entries but block_table has 2 rows"),
+    ([1, -2], ValueError, r"query_lens\[1\] = -2 is negative"),
+    ([1.0, 2.0], TypeError, "query_lens must hold Python ints"),
+    (torch.ones(2), TypeError, "1-D integer tensor"),
+    ("11", TypeError, "list, tuple or CPU tensor"),
+])
+def test_build_flat_decode_metadata_rejects_bad_query_lens(query_lens, exc, match):
+    block_table, seq_lens, _ = make_batch([3, 4], 16)
+    with pytest.raises(exc, match=match):
+        E.build_flat_decode_metadata(block_table, seq_lens, query_lens, 16)
+
+
+# ----------------------------------------------------------------------------------------------
+# every validation error (and padding that must NOT be an error)
+# ----------------------------------------------------------------------------------------------
+
+
+def _bt(*rows, dtype=torch.int32):
+    return torch.tensor(rows, dtype=dtype)
+
+
+BAD_INPUTS = {
+    # name: (block_table, seq_lens, K, kwargs, exception, message pattern)
+    "K zero": (_bt([1, 2]), _bt(3), 0, {}, ValueError, "kernel_block_size must be a positive"),
+    "K negative": (_bt([1, 2]), _bt(3), -16, {}, ValueError, "got -16"),
+    "K float": (_bt([1, 2]), _bt(3), 16.0, {}, TypeError, "kernel_block_size must be a Python int"),
+    "K bool": (_bt([1, 2]), _bt(3), True, {}, TypeError, "kernel_block_size must be a Python int"),
+    "block_table float": (torch.ones(1, 2), _bt(3), 16, {}, TypeError, "block_table must have dtype"),
+    "block_table list": ([[1, 2]], _bt(3), 16, {}, TypeError, "block_table must be a torch.Tensor"),
+    "block_table 1-D": (torch.tensor([1, 2], dtype=torch.int32), _bt(3), 16, {}, ValueError, "block_table must be 2-D"),
+    "seq_lens float": (_bt([1, 2]), torch.tensor([3.0]), 16, {}, TypeError, "seq_lens must have dtype"),
+    "seq_lens count": (_bt([1, 2]), _bt(3, 4), 16, {}, ValueError, "seq_lens has 2 entries but block_table has 1 rows"),
+    "seq_lens device": (_bt([1, 2]), torch.ones(1, dtype=torch.int32, device="meta"), 16, {}, ValueError,
+                        "seq_lens is on meta but block_table is on cpu"),
+    "seq_len negative": (_bt([1, 2], [3, 4]), _bt(5, -1), 16, {}, ValueError, r"seq_lens\[1\] = -1 is negative"),
+    "seq_len beyond row": (_bt([1, 2], [3, 4]), _bt(5, 33), 16, {}, ValueError,
+                           r"seq_lens\[1\] = 33 exceeds what its block_table row holds: 2 blocks x kernel_block_size 16"),
+    "seq_len beyond max_seq_len": (_bt([1, 2]), _bt(20), 16, {"max_seq_len": 19}, ValueError,
+                                   "exceeds max_seq_len = 19"),
+    "max_seq_len negative": (_bt([1, 2]), _bt(20), 16, {"max_seq_len": -1}, ValueError, "max_seq_len must be"),
+    "block id negative": (_bt([1, 2], [-3, 4]), _bt(5, 17), 16, {}, ValueError,
+                          r"block_table\[1, 0\] = -3 is a negative block id"),
+    "block id out of cache": (_bt([1, 2], [3, 9]), _bt(5, 17), 16, {"num_blocks": 9}, ValueError,
+                              r"block_table\[1, 1\] = 9 is outside the KV cache of num_blocks = 9"),
+    "num_blocks beyond int32": (_bt([1, 2]), _bt(5), 16, {"num_blocks": 2**27 + 1}, ValueError,
+                                "token rows exceed int32"),
+    "flat index beyond int32": (_bt([2**27, 2]), _bt(5), 16, {}, ValueError, "beyond int32"),
+    "sum(seq_lens) beyond int32": (torch.zeros((2, 1024), dtype=torch.int32), _bt(2**30, 2**30), 2**20, {},
+                                   ValueError, r"sum\(seq_lens\) = 2147483648 exceeds int32"),
+    "out too small": (_bt([1, 2]), _bt(20), 16, {"out": torch.empty(19, dtype=torch.int32)}, ValueError,
+                      "out has 19 entries but sum"),
+    "out int64": (_bt([1, 2]), _bt(20), 16, {"out": torch.empty(20, dtype=torch.int64)}, TypeError,
+                  "out must have dtype torch.int32"),
+    "out device": (_bt([1, 2]), _bt(20), 16, {"out": torch.empty(20, dtype=torch.int32, device="meta")}, ValueError,
+                   "out is on meta"),
+    "out strided": (_bt([1, 2]), _bt(20), 16, {"out": torch.empty(40, dtype=torch.int32)[::2]}, ValueError,
+                    "out must be contiguous"),
+    "kv_indptr length": (_bt([1, 2]), _bt(20), 16, {"kv_indptr": torch.empty(3, dtype=torch.int32)}, ValueError,
+                         "kv_indptr must have num_reqs \\+ 1 = 2 entries, got 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_validation_errors(case):
+    block_table, seq_lens, K, kwargs, exc, match = BAD_INPUTS[case]
+    with pytest.raises(exc, match=match):
+        E.validate_expand_inputs(block_table, seq_lens, K, **kwargs)
+    if isinstance(block_table, torch.Tensor):  # the public entry points check the same things
+        kernel_kwargs = {k: v for k, v in kwargs.items() if k != "num_blocks"}
+        with pytest.raises(exc, match=match):
+            E.expand_page_indices(block_table.to(DEV) if block_table.device.type == "cpu" else block_table,
+                                  seq_lens.to(DEV) if seq_lens.device.type == "cpu" else seq_lens, K,
+                                  num_blocks=kwargs.get("num_blocks"),
+                                  **{k: (v.to(DEV) if v.device.type == "cpu" else v) for k, v in kernel_kwargs.items()
+                                     if isinstance(v, torch.Tensor)},
+                                  **{k: v for k, v in kernel_kwargs.items() if not isinstance(v, torch.Tensor)})
+
+
+def test_padding_past_used_blocks_is_not_checked():
+    # vLLM rows carry padding after the blocks a request uses; it may hold anything (here -1 and a huge id).
+    block_table = _bt([5, -1, 2**30], [6, 7, -1])
+    E.validate_expand_inputs(block_table, _bt(16, 17), 16, num_blocks=8)
+    check_against_spec(block_table.to(DEV), _bt(16, 17).to(DEV), 16, num_blocks=8)
+
+
+def test_opt_out_skips_value_checks_but_not_structure():
+    # validate=False: a negative seq_len is not read on the host (the caller promised), yet dtypes are checked.
+    E.validate_expand_inputs(_bt([1, 2]), _bt(-1), 16, check_values=False)
+    with pytest.raises(TypeError, match="seq_lens must have dtype"):
+        E.expand_page_indices(_bt([1, 2]), torch.tensor([1.0]), 16, validate=False)
+
+
+@pytest.mark.skipif(device.on_gpu(), reason="checks the interpreter's device rule (CPU only)")
+def test_interpreter_refuses_non_cpu_tensors():
+    bt = torch.ones((1, 2), dtype=torch.int32, device="meta")
+    sl = torch.ones(1, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="needs CPU tensors"):
+        E.expand_page_indices(bt, sl, 16, out=torch.empty(4, dtype=torch.int32, device="meta"),
+                              kv_indptr=torch.empty(2, dtype=torch.int32, device="meta"), max_seq_len=4, validate=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU only: larger sizes and CUDA-graph capture
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: large sizes need compiled kernels")
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("K", KS)
+def test_gpu_large_against_pre_pr(K, dtype):
+    rng = random.Random(K)
+    lens = [rng.randint(0, 40_000) for _ in range(37)] + [0, 1, K - 1, K, K + 1, 97_003]
+    block_table, seq_lens, num_blocks = make_batch(lens, K, seed=K, dtype=dtype)
+    post = E.expand_page_indices(block_table, seq_lens, K, num_blocks=num_blocks)
+    pre = E.expand_page_indices_pre_pr(block_table, seq_lens, K)
+    assert torch.equal(pre[0], post[0]) and torch.equal(pre[1], post[1])
+    serial = E.expand_page_indices_serial(block_table, seq_lens, K)
+    assert torch.equal(serial[0], post[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: CUDA graphs need one")
+def test_gpu_cuda_graph_capture_and_replay():
+    K = 16
+    block_table, seq_lens, num_blocks = make_batch([5000, 1, 0, 777], K, seed=9)
+    cap = block_table.shape[1] * K
+    E.validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks, max_seq_len=cap)
+    out = torch.full((4 * cap + 11,), SENTINEL, dtype=torch.int32, device=DEV)
+    indptr = torch.empty(5, dtype=torch.int32, device=DEV)
+    graph = torch.cuda.CUDAGraph()
+    E.expand_page_indices(block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=cap, validate=False)
+    with torch.cuda.graph(graph):
+        E.expand_page_indices(block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=cap, validate=False)
+        with pytest.raises(RuntimeError, match="not allowed during CUDA-graph capture"):
+            E.expand_page_indices(block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=cap)
+    # New inputs in the same buffers, then replay: the graph reads them.
+    out.fill_(SENTINEL)
+    seq_lens.copy_(torch.tensor([3, cap, 17, 0], dtype=seq_lens.dtype))
+    block_table.copy_(block_table.flip(0))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), K)
+    total = ref_indices.numel()
+    assert torch.equal(out[:total].cpu(), ref_indices) and torch.equal(indptr.cpu(), ref_indptr)
+    assert (out[total:] == SENTINEL).all()
