@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-# --keep-going reports every warning before failing; -W makes each one an error.
-jupyter-book build . --warningiserror --keep-going --path-output .
+# --all rewrites every page (executions stay cached in _build/.jupyter_cache); --keep-going reports every
+# warning before failing; --warningiserror makes each one an error.
+jupyter-book build . --all --warningiserror --keep-going --path-output .
 # Execution reports of failed chapters stay in _build/html/reports (QuantEcon's habit).
 echo
 echo "Site built: file://$PWD/_build/html/index.html"

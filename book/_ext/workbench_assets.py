@@ -27,7 +27,25 @@ def _copy_plotly(app, exception):
         shutil.copyfile(path, target)
 
 
+def _dedupe_scripts(app, pagename, templatename, context, doctree):
+    """Drop repeated <script> entries (same file, same attributes).
+
+    With jupyter-book 1.0.4 and Sphinx 7.4, sphinx-thebe's inline configuration script is added twice,
+    so every page throws "Identifier 'THEBE_JS_URL' has already been declared" in the browser
+    (sphinx-togglebutton's inline script is repeated the same way).
+    """
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        # An inline script is registered once with filename None and once with "" (same body).
+        key = (getattr(script, "filename", str(script)) or "", repr(sorted(getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique
+
+
 def setup(app):
     app.add_js_file(PLOTLY_JS, priority=100)
     app.connect("build-finished", _copy_plotly)
+    app.connect("html-page-context", _dedupe_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}

@@ -83,7 +83,7 @@ class Availability:
     def __str__(self) -> str:
         state = "available" if self.available else "unavailable"
         ver = f" {self.version}" if self.version else ""
-        return f"{self.name}{ver}: {state} ({self.reason})"
+        return f"{state}{ver}: {self.reason}"
 
 
 def _dist_version(*names: str) -> str | None:
@@ -150,11 +150,11 @@ def aiter_status() -> Availability:
     """
     version = _dist_version("amd-aiter", "aiter")
     if importlib.util.find_spec("aiter") is None:
-        return Availability("aiter", False, None, "not installed; on ROCm: pip install '.[rocm]'")
+        return Availability("aiter", False, None, "not installed (ROCm only: pip install '.[rocm]')")
     if torch.version.hip is None:
         return Availability(
             "aiter", False, version,
-            "needs ROCm: this torch has no HIP, and import aiter raises RuntimeError without ROCm (not attempted)",
+            "needs ROCm (this torch has no HIP; import aiter would raise RuntimeError)",
         )
     try:
         import aiter  # noqa: F401
@@ -171,7 +171,7 @@ def vllm_status() -> Availability:
     """Whether a real vLLM is importable here (for the conformance checks)."""
     version = _dist_version("vllm")
     if importlib.util.find_spec("vllm") is None:
-        return Availability("vllm", False, None, "not installed; the conformance environment is made by scripts/vllm_env.sh")
+        return Availability("vllm", False, None, "not installed here (conformance env: scripts/vllm_env.sh)")
     try:
         import vllm.v1.attention.backend  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - report any failure as the reason
@@ -187,7 +187,7 @@ def describe() -> str:
         "rocm": f"AMD GPU {p.device_name} ({p.gpu_arch}, ROCm {torch.version.hip})",
         "cpu": f"CPU ({p.device_name}), no GPU",
     }[p.kind]
-    mode = "Triton interpreter (TRITON_INTERPRET=1): use fp16/fp32, keep shapes small" if interpreter_active() \
+    mode = "Triton interpreter (TRITON_INTERPRET=1; fp16/fp32 only)" if interpreter_active() \
         else "compiled Triton kernels"
     lines = [
         f"device : {where}",

@@ -1,0 +1,120 @@
+"""workbench.device: where code runs, the interpreter switch, the bf16 refusal, guarded optional imports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import workbench
+from workbench import device
+
+
+def _run(code: str, **env: str) -> str:
+    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full_env.update(env)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env,
+                         check=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default; this machine has a GPU")
+def test_import_sets_interpreter_before_kernels_on_cpu():
+    # A fresh process with no TRITON_INTERPRET: importing workbench must set it, and a kernel defined
+    # afterwards must run (under the interpreter) without "0 active drivers".
+    out = _run("""
+        import os, workbench, torch, triton, triton.language as tl
+        @triton.jit
+        def add_one(x_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            m = offs < n
+            tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + 1, mask=m)
+        x = torch.arange(5, dtype=torch.float32)
+        add_one[(1,)](x, 5, BLOCK=8)
+        print(os.environ["TRITON_INTERPRET"], x.tolist())
+    """)
+    assert out == "1 [1.0, 2.0, 3.0, 4.0, 5.0]"
+
+
+def test_explicit_user_choice_is_respected():
+    assert _run("import os, workbench; print(os.environ['TRITON_INTERPRET'])", TRITON_INTERPRET="0") == "0"
+
+
+def test_describe_names_versions_and_optional_packages():
+    text = workbench.device.describe()
+    assert torch.__version__ in text
+    for key in ("device", "kernels", "aiter", "vllm"):
+        assert key in text
+    if not torch.cuda.is_available():
+        assert "interpreter" in text and "no GPU" in text
+
+
+def test_platform_is_consistent():
+    p = device.platform()
+    assert p.kind in {"cuda", "rocm", "cpu"}
+    assert (p.kind == "cpu") == (not torch.cuda.is_available())
+    assert device.default_device().type == ("cpu" if p.kind == "cpu" else "cuda")
+
+
+def test_bf16_refused_under_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(TypeError, match=r"kv_cache has dtype torch.bfloat16.*interpreter.*float16"):
+        device.check_kernel_dtype(torch.bfloat16, "kv_cache")
+    device.check_kernel_dtype(torch.float16, "kv_cache")  # allowed
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    device.check_kernel_dtype(torch.bfloat16, "kv_cache")  # compiled kernels compute bf16 correctly
+
+
+@pytest.fixture
+def fresh_status():
+    device.aiter_status.cache_clear()
+    yield
+    device.aiter_status.cache_clear()
+    sys.modules.pop("aiter", None)
+    sys.modules.pop("aiter.mla", None)
+
+
+def test_aiter_runtime_error_is_caught_on_rocm(tmp_path, monkeypatch, fresh_status):
+    # aiter runs hipconfig/hipcc at import and raises RuntimeError (not ImportError) when that fails.
+    pkg = tmp_path / "aiter"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('hipconfig: command not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    status = device.aiter_status()
+    assert not status.available
+    assert "RuntimeError" in status.reason and "hipconfig" in status.reason
+
+
+def test_aiter_not_imported_without_rocm(tmp_path, monkeypatch, fresh_status):
+    pkg = tmp_path / "aiter"
+    pkg.mkdir()
+    marker = tmp_path / "imported"
+    (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch.version, "hip", None)
+    status = device.aiter_status()
+    assert not status.available and "needs ROCm" in status.reason
+    assert not marker.exists(), "aiter must not be imported without ROCm"
+
+
+def test_unrelated_aiter_package_is_told_apart(tmp_path, monkeypatch, fresh_status):
+    # PyPI also has an unrelated 'aiter' (async iterators): importable, but with no aiter.mla.
+    pkg = tmp_path / "aiter"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    status = device.aiter_status()
+    assert not status.available and "ImportError" in status.reason or "ModuleNotFoundError" in status.reason
+
+
+def test_cli_info(capsys):
+    from workbench.cli import main
+
+    assert main(["info"]) == 0
+    assert "torch" in capsys.readouterr().out
