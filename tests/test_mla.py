@@ -98,3 +98,292 @@ def test_golden_single_key_returns_that_value_row():
     row = case["kv_cache"][case["kv_indices"][0].long()]
     torch.testing.assert_close(out[0], row[:DV].expand(3, DV))
     torch.testing.assert_close(lse[0], (case["q"][0] @ row) * 0.3)
+
+
+# ----------------------------------------------------------------------------------------------
+# metadata: the one builder (workbench.expand.build_flat_decode_metadata) from a permuted block table
+# ----------------------------------------------------------------------------------------------
+
+from workbench.expand import DecodeMetadata, build_flat_decode_metadata  # noqa: E402
+
+ON_GPU = workbench.device.on_gpu()
+DEV = "cuda" if ON_GPU else "cpu"
+
+
+def paged_case(qo_lens, kv_lens, heads, K, dtype=torch.float32, device="cpu", seed=0):
+    """A paged cache of K-token blocks (block 0 reserved, blocks permuted, unused slots NaN), its block
+    table, and the flat metadata built from it by the project's one builder."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-n // K) for n in kv_lens]
+    num_blocks = 1 + sum(pages) + 2
+    cache = torch.full((num_blocks, K, D), float("nan"))
+    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
+    block_table = torch.zeros(len(kv_lens), max(pages + [1]), dtype=torch.int32)
+    for r, (n, p) in enumerate(zip(kv_lens, pages)):
+        ids = perm[:p]
+        perm = perm[p:]
+        block_table[r, :p] = torch.tensor(ids, dtype=torch.int32)
+        for t in range(n):
+            cache[ids[t // K], t % K] = torch.randn(D, generator=g)
+    q = torch.randn(sum(qo_lens), heads, D, generator=g)
+    seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
+    md = build_flat_decode_metadata(block_table.to(device), seq_lens.to(device), list(qo_lens), K)
+    return q.to(dtype).to(device), cache.to(dtype).to(device), block_table.to(device), seq_lens.to(device), md
+
+
+def metadata_of(case, max_qo_len=None):
+    qo = case["qo_indptr"]
+    lens = (qo[1:] - qo[:-1]).tolist()
+    return DecodeMetadata(qo_indptr=qo, kv_indptr=case["kv_indptr"], kv_indices=case["kv_indices"],
+                          kv_last_page_lens=torch.ones(len(lens), dtype=torch.int32, device=qo.device),
+                          max_qo_len=max(lens) if max_qo_len is None else max_qo_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# flat == paged, for K in {1, 16, 64}
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("K", [1, 16, 64])
+def test_flat_expanded_equals_paged(K):
+    qo, kv = [1, 2, 1], [1, 70, 17]
+    q, cache, block_table, seq_lens, md = paged_case(qo, kv, 3, K)
+    paged_out, paged_lse = mla.mla_decode_paged_ref(q, cache, md.qo_indptr, block_table, seq_lens, 0.2)
+    flat_out, flat_lse = mla.mla_decode_ref(q, cache.view(-1, 1, 1, D), md.qo_indptr, md.kv_indptr, md.kv_indices, 0.2)
+    assert not torch.isnan(flat_out).any()
+    torch.testing.assert_close(flat_out, paged_out, rtol=0, atol=0)
+    torch.testing.assert_close(flat_lse, paged_lse, rtol=0, atol=0)
+    res = mla.mla_decode(q.half(), cache.half().view(-1, D), md, sm_scale=0.2, backend="triton")
+    assert (res.out.float() - paged_out).abs().max() < 5e-3
+
+
+def test_page_indices_as_token_indices_is_detected():
+    demo = mla.demo_page_indices_as_token_indices(page_size=16)
+    print(demo)
+    assert demo.flat_max_err < 1e-5
+    assert demo.pages_rel_err > 0.5
+    assert demo.detected
+    assert demo.kv_indices_flat[:2] == [demo.kv_indices_pages[0] * 16, demo.kv_indices_pages[0] * 16 + 1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton vs golden: tolerances derived from a same-precision torch computation
+# ----------------------------------------------------------------------------------------------
+
+
+def check_against_golden(case, out, lse, dtype, scale, label=""):
+    """flash-attention's rule: kernel error <= 2 x (same-precision torch error) + floor, both against
+    the fp32 golden on the same (rounded) inputs; LSE by absolute and cosine difference."""
+    qo = case["qo_indptr"]
+    kv = case["kv_indptr"]
+    max_q = int((qo[1:] - qo[:-1]).max())
+    max_k = int((kv[1:] - kv[:-1]).max())
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=scale)
+    pt_out, pt_lse = mla.mla_decode_torch(**case, sm_scale=scale, max_qo_len=max_q, max_kv_len=max_k)
+    assert not torch.isnan(out).any(), f"{label}: NaN in kernel output (a stray read of an unused row?)"
+    eps = torch.finfo(dtype).eps
+    err = (out.float() - gold_out).abs()
+    err_pt = (pt_out.float() - gold_out).abs().max().item()
+    # floor: two ulps of the output's dtype, plus flash-attention's absolute 1e-5 (in fp32 the torch path
+    # *is* the golden, error 0, and the kernel's different summation order still rounds differently)
+    floor = 2 * eps * max(1.0, gold_out.abs().max().item()) + 1e-5
+    lse_err = (lse - gold_lse).abs().max().item()
+    lse_err_pt = (pt_lse - gold_lse).abs().max().item()
+    cos = torch.nn.functional.cosine_similarity(lse.flatten().double(), gold_lse.flatten().double(), dim=0).item()
+    print(f"{label}: out max {err.max().item():.2e} mean {err.mean().item():.2e} (torch {err_pt:.2e}); "
+          f"lse max {lse_err:.2e} (torch {lse_err_pt:.2e}) 1-cos {1 - cos:.1e}")
+    assert err.max().item() <= 2 * err_pt + floor, label
+    # LSE is an fp32 computation in every path (scores accumulate in fp32): its floor is a few fp32 ulps.
+    lse_floor = 8 * torch.finfo(torch.float32).eps * max(1.0, gold_lse.abs().max().item()) + 1e-5
+    assert lse_err <= 2 * lse_err_pt + lse_floor, label
+    assert 1 - cos < 1e-6, label
+
+
+# Interpreter grid (CPU): small, awkward. (qo_lens, kv_lens, heads)
+INTERP_SCENARIOS = {
+    "single_token_single_key": ([1], [1], 1),
+    "decode_1_17_100": ([1, 1, 1], [1, 17, 100], 3),
+    "sixteen_heads": ([1, 1], [33, 5], 16),
+    "verify_qlen3": ([3, 3], [3, 40], 2),
+    "verify_qlen5_one_req": ([5], [37], 3),
+    "verify_qlen6": ([6, 6], [6, 21], 2),
+    "verify_qlen7": ([7], [50], 2),
+    "ragged_qlen": ([2, 5, 1], [9, 40, 33], 2),
+    "qlen16": ([16], [20], 1),
+    "128_heads": ([1], [24], 128),
+}
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter grid; the GPU grid below covers compiled kernels")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", list(INTERP_SCENARIOS))
+def test_triton_interpreter_matches_golden(name, dtype):
+    qo, kv, heads = INTERP_SCENARIOS[name]
+    case = make_case(qo, kv, heads, dtype=dtype, seed=hash(name) % 1000)
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.08, backend="triton")
+    assert res.backend == "triton" and res.out.dtype == dtype
+    check_against_golden(case, res.out, res.lse, dtype, 0.08, f"{name} {dtype}")
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+@pytest.mark.parametrize("qlen", range(1, 17))
+def test_triton_every_qlen_interpreter(qlen):
+    """Every query length 1..16 (not only powers of two): each position gets its own causal row."""
+    case = make_case([qlen, qlen], [qlen, qlen + 19], 2, dtype=torch.float16, seed=qlen)
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], qlen, 0.1, num_splits=2)
+    check_against_golden(case, out, lse, torch.float16, 0.1, f"qlen {qlen}")
+    if qlen > 1:  # positions differ (the aiter #2720 symptom would make them equal)
+        assert (out[1] - out[0]).abs().max() > 1e-3
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
+def test_split_counts_agree(num_splits):
+    """Splits (some empty for the shorter request) merged by LSE give the single-split answer."""
+    case = make_case([2, 2], [2, 50], 2, dtype=torch.float32, seed=3)
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], 2, 0.1, num_splits=num_splits)
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+
+
+# GPU grid: every qlen 1..16, 16 and 128 heads (and an odd count), bf16 and fp16.
+GPU_KV_LENS = [1, 17, 100, 1000, 4099]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [16, 128, 3])
+@pytest.mark.parametrize("qlen", range(1, 17))
+def test_triton_gpu_matches_golden(qlen, heads, dtype):
+    kv = [max(n, qlen) for n in GPU_KV_LENS]
+    case = make_case([qlen] * len(kv), kv, heads, dtype=dtype, device="cuda", seed=qlen * 7 + heads)
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
+    check_against_golden(case, res.out, res.lse, dtype, 0.07, f"qlen {qlen} H {heads} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_gpu_ragged_and_cuda_graph(dtype):
+    """Ragged query lengths, and a CUDA-graph replay giving the eager answer."""
+    case = make_case([1, 4, 7, 2], [300, 5000, 7, 64], 16, dtype=dtype, device="cuda", seed=11)
+    md = metadata_of(case)
+    eager = mla.mla_decode(case["q"], case["kv_cache"], md, sm_scale=0.07, backend="triton")
+    check_against_golden(case, eager.out, eager.lse, dtype, 0.07, f"ragged {dtype}")
+    out = torch.empty_like(eager.out)
+    args = (case["q"], case["kv_cache"], md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_qo_len, 0.07)
+    mla.mla_decode_triton(*args, out=out)  # warm-up compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla.mla_decode_triton(*args, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, eager.out, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# backends and input checks
+# ----------------------------------------------------------------------------------------------
+
+
+def test_auto_states_its_choice_and_matches_golden():
+    case = make_case([1, 1], [5, 9], 2, dtype=torch.float16 if not ON_GPU else torch.bfloat16, device=DEV)
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case))
+    assert res.backend == "triton" and res.reason
+    print(res.backend, "-", res.reason)
+    gold, _ = mla.mla_decode_ref(**case)
+    assert (res.out.float() - gold).abs().max() < 2e-2
+
+
+@pytest.mark.skipif(ON_GPU, reason="the choice differs on a GPU")
+def test_auto_on_cpu_falls_back_to_golden_for_bf16_and_large():
+    case = make_case([1], [5], 2, dtype=torch.bfloat16)
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case))
+    assert res.backend == "torch" and "bfloat16" in res.reason
+    big = make_case([1], [40000], 128, dtype=torch.float16, spare_rows=0)
+    name, reason = mla.choose_backend(big["q"], big["kv_cache"], metadata_of(big))
+    assert name == "torch" and "large" in reason
+
+
+def test_torch_backend_is_the_golden():
+    case = make_case([2, 1], [6, 3], 2)
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.3, backend="torch")
+    gold, lse = mla.mla_decode_ref(**case, sm_scale=0.3)
+    assert res.backend == "torch"
+    torch.testing.assert_close(res.out, gold, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(workbench.device.aiter_status().available, reason="aiter is importable here")
+def test_aiter_backend_says_why_not():
+    case = make_case([1], [5], 16, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="backend='aiter' is unavailable here"):
+        mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), backend="aiter")
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter dtype rule")
+def test_bf16_refused_under_interpreter():
+    case = make_case([1], [5], 2, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), backend="triton")
+
+
+def _bad(case, **changes):
+    case = dict(case)
+    md = changes.pop("metadata", None)
+    case.update(changes)
+    return case, md or metadata_of(case)
+
+
+BAD_INPUTS = {
+    "qlen_above_16": (lambda c: _bad(c, metadata=metadata_of(c, max_qo_len=17)), ValueError, "above the decode limit"),
+    "wrong_head_dim": (lambda c: _bad(c, q=c["q"][..., :512].contiguous()), ValueError, "head dim"),
+    "dtype_mismatch": (lambda c: _bad(c, kv_cache=c["kv_cache"].double()), TypeError, "dtype"),
+    "non_contiguous_q": (lambda c: _bad(c, q=c["q"].transpose(0, 1).contiguous().transpose(0, 1)), ValueError,
+                         "not contiguous"),
+    "kv_shorter_than_q": (lambda c: _bad(c, kv_indptr=torch.tensor([0, 1, 4], dtype=torch.int32)), ValueError,
+                          "kv_len >= qo_len"),
+    "index_out_of_cache": (lambda c: _bad(c, kv_indices=c["kv_indices"] + 10_000), ValueError, "kv_indices range"),
+    "max_qo_len_lies": (lambda c: _bad(c, metadata=metadata_of(c, max_qo_len=1)), ValueError, "longest query"),
+    "kv_cache_paged_4d": (lambda c: _bad(c, kv_cache=c["kv_cache"][:8].view(2, 4, 1, D)), ValueError,
+                          "page_size-1 view"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_gets_a_clear_error(name):
+    case = make_case([2, 2], [2, 7], 2, dtype=torch.float16)
+    make, exc, match = BAD_INPUTS[name]
+    bad, md = make(case)
+    with pytest.raises(exc, match=match):
+        mla.mla_decode(bad["q"], bad["kv_cache"], md, backend="triton")
+
+
+def test_zero_length_kv_with_a_query_raises():
+    """Decision: a request with query tokens and no KV has no defined output -> ValueError (never NaN/zeros)."""
+    case = make_case([1, 1], [3, 1], 2)
+    case["kv_indptr"] = torch.tensor([0, 3, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="0-length KV"):
+        mla.mla_decode_ref(**case)
+
+
+def test_request_without_queries_is_skipped():
+    case = make_case([1, 0, 2], [4, 9, 5], 2)
+    out, lse = mla.mla_decode_ref(**case)
+    assert out.shape[0] == 3
+    res = mla.mla_decode(case["q"].half(), case["kv_cache"].half(), metadata_of(case), backend="triton") \
+        if not ON_GPU else None
+    if res is not None:
+        assert (res.out.float() - out).abs().max() < 5e-3
+
+
+def test_device_mismatch_is_named():
+    case = make_case([1], [3], 2)
+    case["kv_indices"] = case["kv_indices"].to("meta")
+    with pytest.raises(ValueError, match="kv_indices is on meta"):
+        mla.mla_decode_ref(**case)

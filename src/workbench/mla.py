@@ -25,20 +25,40 @@ Rules every entry point applies (and explains when broken):
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 from workbench import device
+from workbench.expand import DecodeMetadata
 
 __all__ = [
+    "AITER_HEADS",
+    "BACKENDS",
     "KV_LORA_RANK",
+    "MAX_QLEN",
     "QK_HEAD_DIM",
     "QK_ROPE_HEAD_DIM",
-    "MAX_QLEN",
-    "mla_decode_ref",
+    "DecodeOutput",
+    "PageIndexMistake",
+    "TritonConfig",
+    "aiter_unsupported_reasons",
+    "choose_backend",
+    "choose_num_splits",
+    "default_sm_scale",
+    "demo_page_indices_as_token_indices",
+    "mla_decode",
+    "mla_decode_aiter",
     "mla_decode_paged_ref",
+    "mla_decode_ref",
+    "mla_decode_torch",
+    "mla_decode_triton",
+    "triton_config",
 ]
 
 KV_LORA_RANK = 512  # latent width: V is the first 512 values of a cache row
@@ -65,7 +85,7 @@ def _flat_cache(kv_cache: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _check_indptr(name: str, indptr: torch.Tensor, total: int, total_name: str) -> list[int]:
+def _check_indptr(name: str, indptr: torch.Tensor, total: int | None, total_name: str) -> list[int]:
     if indptr.dim() != 1 or indptr.numel() < 1:
         raise ValueError(f"{name} must be a 1-D tensor of num_reqs + 1 offsets, got shape {tuple(indptr.shape)}")
     if indptr.dtype not in (torch.int32, torch.int64):
@@ -75,7 +95,7 @@ def _check_indptr(name: str, indptr: torch.Tensor, total: int, total_name: str) 
         raise ValueError(f"{name}[0] is {values[0]}; cumulative offsets must start at 0")
     if any(b < a for a, b in zip(values, values[1:])):
         raise ValueError(f"{name} = {values[:8]}... is not non-decreasing; it holds cumulative lengths")
-    if values[-1] != total:
+    if total is not None and values[-1] != total:
         raise ValueError(f"{name}[-1] is {values[-1]} but {total_name} is {total}; the last offset must equal it")
     return values
 
@@ -104,7 +124,10 @@ def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tens
     if kv_indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"kv_indices has dtype {kv_indices.dtype}; expected torch.int32")
     qo = _check_indptr("qo_indptr", qo_indptr, q.shape[0], "total_q = q.shape[0]")
-    kv = _check_indptr("kv_indptr", kv_indptr, kv_indices.numel(), "kv_indices.numel()")
+    kv = _check_indptr("kv_indptr", kv_indptr, None, "kv_indices.numel()")
+    if kv[-1] > kv_indices.numel():
+        raise ValueError(f"kv_indptr[-1] is {kv[-1]} but kv_indices has only {kv_indices.numel()} entries; "
+                         "kv_indices must hold at least kv_indptr[-1] token rows")
     if len(qo) != len(kv):
         raise ValueError(f"qo_indptr has {len(qo)} entries and kv_indptr {len(kv)}; both must be num_reqs + 1")
     for b in range(len(qo) - 1):
@@ -115,8 +138,9 @@ def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tens
                 "kv_len >= qo_len (its query tokens are the last qo_len tokens of its cache). A 0-length KV "
                 "with a query has no defined attention output: drop the request or write its KV first"
             )
-    if kv_indices.numel():
-        lo, hi = int(kv_indices.min()), int(kv_indices.max())
+    used = kv_indices[:kv[-1]]
+    if used.numel():
+        lo, hi = int(used.min()), int(used.max())
         if lo < 0 or hi >= cache.shape[0]:
             raise ValueError(f"kv_indices range over [{lo}, {hi}] but kv_cache has {cache.shape[0]} rows; "
                              "indices are token rows of the page_size-1 view, 0 .. num_rows-1")
@@ -215,3 +239,585 @@ def mla_decode_paged_ref(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: tor
     kv_indptr = torch.tensor(kv_offsets, dtype=torch.int32, device=q.device)
     kv_indices = torch.arange(gathered.shape[0], dtype=torch.int32, device=q.device)
     return mla_decode_ref(q, gathered, qo_indptr, kv_indptr, kv_indices, sm_scale, kv_lora_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# A batched torch path in the input precision (the "same-precision" baseline, and the benchmark's
+# torch path). One gather of every request's rows padded to the longest, two einsums.
+# ----------------------------------------------------------------------------------------------
+
+
+def mla_decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                     kv_indices: torch.Tensor, sm_scale: float | None, max_qo_len: int, max_kv_len: int,
+                     kv_lora_rank: int = KV_LORA_RANK) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode with plain torch ops in ``q.dtype`` (matmuls in that precision, softmax in fp32).
+
+    Same semantics as :func:`mla_decode_ref`, but batched over requests padded to ``max_qo_len``
+    queries and ``max_kv_len`` keys (host-side ints, so no device sync), so it runs at GPU speed.
+    It serves as the same-precision torch computation of the tolerance rule and as the torch path of
+    the benchmark. No input checks: call it on inputs :func:`mla_decode_ref` accepts.
+
+    Returns:
+        ``out`` ``(total_q, H, kv_lora_rank)`` in ``q.dtype`` and ``lse`` ``(total_q, H) float32``.
+    """
+    cache = _flat_cache(kv_cache)
+    scale = default_sm_scale(cache.shape[-1]) if sm_scale is None else float(sm_scale)
+    dev, total_q, heads = q.device, q.shape[0], q.shape[1]
+    kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).long()  # (B,)
+    qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).long()
+    pos = torch.arange(max_kv_len, device=dev)
+    slot = (kv_indptr[:-1, None].long() + pos).clamp(max=max(kv_indices.numel() - 1, 0))  # (B, Lmax)
+    rows = cache[kv_indices[slot].long()]  # (B, Lmax, D), padded slots hold some request's row (masked below)
+    qpos = torch.arange(max_qo_len, device=dev)
+    qslot = (qo_indptr[:-1, None].long() + qpos).clamp(max=max(total_q - 1, 0))  # (B, Qmax)
+    qb = q[qslot]  # (B, Qmax, H, D)
+    scores = torch.einsum("bqhd,bkd->bqhk", qb, rows).float() * scale
+    limit = kv_lens[:, None] - qo_lens[:, None] + qpos[None, :]  # (B, Qmax) last visible key
+    visible = (pos[None, None, :] <= limit[:, :, None]) & (pos[None, None, :] < kv_lens[:, None, None])
+    scores = scores.masked_fill(~visible[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, Qmax, H)
+    p = torch.softmax(scores, dim=-1).nan_to_num_(0.0).to(q.dtype)  # padded query rows are all -inf
+    out = torch.einsum("bqhk,bkd->bqhd", p, rows[..., :kv_lora_rank])
+    real = qpos[None, :] < qo_lens[:, None]  # (B, Qmax): rows that are real queries, in order
+    return out[real], lse[real]
+
+
+# ----------------------------------------------------------------------------------------------
+# The Triton kernel: split-KV over flat token indices, query rows folded into the head dimension
+# ----------------------------------------------------------------------------------------------
+#
+# Napkin math (bf16): every request reads its L cache rows once, 576 * 2 bytes each, whatever the
+# head count; it does 2 * H * qlen * L * (576 + 512) FLOPs. Intensity ~1.89 * H * qlen FLOP/byte:
+# 16 heads x qlen 1 = 30 (memory-bound), 16 x 8 or 128 x 1 = 242 (compute-bound on an H200).
+#
+# Design. A request's query block is a contiguous (qlen * H, 576) matrix (q is (total_q, H, 576)),
+# so rows r = i * H + h fold the query tokens into the head dimension: qlen 8 with 16 heads is one
+# tile of 128 rows over the same keys, the keys read once. Row r sees keys 0 .. s_k - s_q + r // H.
+# Grid: (row blocks, KV splits, requests), row blocks fastest so that programs sharing keys run
+# together and hit L2. Each program streams BLOCK_N-token tiles of its split; each tile (gathered by
+# kv_indices) is used for QK (latent 512 + rope 64, two dots) and for PV (its first 512 dims), with
+# an online softmax in base 2. With one split the program writes the final output; otherwise it
+# writes fp32 partials plus their LSE and a second small kernel merges the splits by LSE.
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    Q,  # (total_q, H, 576) contiguous, fp16/bf16/fp32
+    KV,  # (num_rows, 576) cache rows, row stride stride_kv
+    KV_INDICES,  # (>= kv_indptr[-1],) int32: cache row of each token
+    QO_INDPTR,  # (B + 1,) int32
+    KV_INDPTR,  # (B + 1,) int32
+    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else partials (num_splits, total_q * H, 512) fp32
+    LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_q * H) fp32
+    stride_kv,  # elements between consecutive cache rows
+    total_rows,  # total_q * H (partials' split stride is total_rows rows)
+    qk_scale,  # sm_scale * log2(e): scores in base 2
+    num_splits,  # KV splits per request (grid axis 1)
+    NUM_HEADS: tl.constexpr,
+    DIRECT: tl.constexpr,  # num_splits == 1: write the final output and natural-log LSE
+    BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
+    BLOCK_N: tl.constexpr,  # tokens per KV tile
+    D_LATENT: tl.constexpr,  # 512
+    D_ROPE: tl.constexpr,  # 64
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    req = tl.program_id(2)
+    q_start = tl.load(QO_INDPTR + req)
+    s_q = tl.load(QO_INDPTR + req + 1) - q_start
+    kv_start = tl.load(KV_INDPTR + req)
+    s_k = tl.load(KV_INDPTR + req + 1) - kv_start
+    n_rows = s_q * NUM_HEADS
+    if pid_m * BLOCK_M >= n_rows:  # this request has fewer query rows than the longest one
+        return
+    # This split's token range: equal chunks, whole tiles; late splits of short requests are empty.
+    chunk = tl.cdiv(tl.cdiv(s_k, num_splits), BLOCK_N) * BLOCK_N
+    k_lo = pid_s * chunk
+    k_hi = tl.minimum(k_lo + chunk, s_k)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    limit = s_k - s_q + rows // NUM_HEADS  # last key each row may see (bottom-right causal)
+    grow = (q_start * NUM_HEADS + rows).to(tl.int64)  # row in the flat (total_q * H) space
+    d_lat = tl.arange(0, D_LATENT)
+    d_rope = tl.arange(0, D_ROPE)
+    q_row = Q + grow[:, None] * (D_LATENT + D_ROPE)
+    q_lat = tl.load(q_row + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
+    q_rope = tl.load(q_row + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 64)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+    for start in range(k_lo, k_hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < k_hi
+        idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+        kv_row = KV + idx[:, None] * stride_kv
+        k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
+        k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
+        s = tl.dot(q_lat, tl.trans(k_lat))
+        s = tl.dot(q_rope, tl.trans(k_rope), s)
+        s = s * qk_scale
+        visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None])
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    if DIRECT:
+        tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + grow, lse, mask=row_ok)
+    else:
+        prow = pid_s.to(tl.int64) * total_rows + grow
+        tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out, mask=row_ok[:, None])
+        tl.store(LSE + prow, lse, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_merge_kernel(
+    MID_O,  # (num_splits, total_rows, 512) fp32 partial outputs (each normalised within its split)
+    MID_LSE,  # (num_splits, total_rows) fp32 natural-log LSE of each split (-inf: split saw no key)
+    OUT,  # (total_rows, 512) q.dtype
+    LSE,  # (total_rows,) fp32
+    total_rows,
+    num_splits,
+    BLOCK_R: tl.constexpr,  # rows per program
+    D_LATENT: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < total_rows
+    d = tl.arange(0, D_LATENT)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, D_LATENT], dtype=tl.float32)
+    for s in range(num_splits):
+        prow = s * total_rows + rows.to(tl.int64)
+        lse_s = tl.load(MID_LSE + prow, mask=ok, other=float("-inf"))
+        o_s = tl.load(MID_O + prow[:, None] * D_LATENT + d[None, :], mask=ok[:, None], other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m - m_safe)
+        w = tl.exp(lse_s - m_safe)
+        acc = acc * a[:, None] + w[:, None] * o_s
+        denom = denom * a + w
+        m = m_new
+    has = denom > 0.0
+    safe = tl.where(has, denom, 1.0)
+    tl.store(OUT + rows.to(tl.int64)[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
+             mask=ok[:, None])
+    tl.store(LSE + rows, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonConfig:
+    """Launch parameters of the Triton decode (see :func:`triton_config`)."""
+
+    block_m: int  # folded (query, head) rows per program: 16, 32, 64 or 128
+    block_n: int  # tokens per KV tile
+    num_warps: int
+    num_stages: int
+    waves: float = 2.0  # aim for waves * SM count programs when choosing the number of splits
+    min_tokens_per_split: int = 256  # never split finer than this (partials cost 4 KB per row per split)
+    merge_block_r: int = 16
+
+
+def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
+    """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows.
+
+    Under the interpreter: the smallest legal tiles (``tl.dot`` needs 16 in every dimension).
+    On a GPU: memory-bound shapes (up to 16 rows: 16 heads x qlen 1) use one 16-row tile and many
+    splits; compute-bound ones use 64-row tiles with 8 warps. Measured on an H200 by
+    ``workbench bench decode --tune`` (src/workbench/data/bench_decode_h200.json).
+    """
+    if device.interpreter_active():
+        return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, min_tokens_per_split=16)
+    if rows_per_req <= 16:
+        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)
+    if rows_per_req <= 32:
+        return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2)
+    return TritonConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+
+
+def _sm_count(dev: torch.device) -> int:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).multi_processor_count
+    return 4  # interpreter: a few splits, to exercise the merge
+
+
+def choose_num_splits(num_reqs: int, row_blocks: int, avg_kv_len: float, config: TritonConfig,
+                      sm_count: int) -> int:
+    """KV splits per request: enough programs to fill ``config.waves`` x the SMs, never a split
+    shorter than ``config.min_tokens_per_split`` tokens (on average), at most 64."""
+    programs = max(num_reqs * row_blocks, 1)
+    want = math.ceil(config.waves * sm_count / programs)
+    by_len = max(1, int(avg_kv_len // max(config.min_tokens_per_split, 1)))
+    return max(1, min(want, by_len, 64))
+
+
+def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                      kv_indices: torch.Tensor, max_qo_len: int, sm_scale: float | None = None, *,
+                      num_splits: int | None = None, config: TritonConfig | None = None,
+                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton MLA decode over flat token indices (no host sync: CUDA-graph capturable).
+
+    Inputs as :func:`mla_decode_ref` (``q`` ``(total_q, H, 576)`` fp16/bf16/fp32, same dtype as the
+    cache); ``max_qo_len`` is the longest query (host int, <= 16); requests may differ in query length.
+    Only cheap checks run here (shapes, dtypes, devices); :func:`mla_decode` validates values.
+
+    Returns:
+        ``out`` ``(total_q, H, 512)`` in ``q.dtype`` and ``lse`` ``(total_q, H) float32``.
+    """
+    cache = _flat_cache(kv_cache)
+    _check_kernel_args(q, cache, qo_indptr, kv_indptr, kv_indices, max_qo_len)
+    total_q, heads, _ = q.shape
+    num_reqs = qo_indptr.numel() - 1
+    if out is None:
+        out = torch.empty(total_q, heads, KV_LORA_RANK, dtype=q.dtype, device=q.device)
+    lse = torch.empty(total_q, heads, dtype=torch.float32, device=q.device)
+    if total_q == 0 or num_reqs == 0:
+        return out, lse
+    cfg = config or triton_config(max_qo_len * heads, q.dtype)
+    row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(num_reqs, row_blocks, kv_indices.numel() / num_reqs, cfg, _sm_count(q.device))
+    scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+    total_rows = total_q * heads
+    common = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    grid = (row_blocks, num_splits, num_reqs)
+    if num_splits == 1:
+        _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, cache.stride(0),
+                                       total_rows, scale * _LOG2E, num_splits, DIRECT=True, **common)
+        return out, lse
+    mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
+    _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, cache.stride(0),
+                                   total_rows, scale * _LOG2E, num_splits, DIRECT=False, **common)
+    merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r),)
+    _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
+                                         BLOCK_R=cfg.merge_block_r, D_LATENT=KV_LORA_RANK,
+                                         num_warps=4 if not device.interpreter_active() else 1)
+    return out, lse
+
+
+def _check_kernel_args(q: torch.Tensor, cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                       kv_indices: torch.Tensor, max_qo_len: int) -> None:
+    """Checks that need no device sync (the value checks live in :func:`_check_common`)."""
+    if q.dim() != 3 or q.shape[-1] != QK_HEAD_DIM:
+        raise ValueError(f"q has shape {tuple(q.shape)}; the Triton kernel needs (total_q, H, {QK_HEAD_DIM}) "
+                         f"({KV_LORA_RANK} latent + {QK_ROPE_HEAD_DIM} rope)")
+    if cache.shape[-1] != QK_HEAD_DIM or cache.stride(-1) != 1:
+        raise ValueError(f"kv_cache rows have {cache.shape[-1]} values (last-dim stride {cache.stride(-1)}); "
+                         f"the Triton kernel needs contiguous rows of {QK_HEAD_DIM}")
+    if not q.is_contiguous():
+        raise ValueError("q is not contiguous; pass q.contiguous() (the kernel folds (qlen, H) rows of a "
+                         "contiguous (total_q, H, 576) tensor)")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or float32")
+    if cache.dtype != q.dtype:
+        raise TypeError(f"kv_cache has dtype {cache.dtype} but q has {q.dtype}; cast one so that they match")
+    device.check_kernel_dtype(q.dtype, "q")
+    for name, t in (("kv_cache", cache), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move both to one device")
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} has dtype {t.dtype}; the kernel reads int32 (aiter's index type): .to(torch.int32)")
+    if qo_indptr.shape != kv_indptr.shape or qo_indptr.dim() != 1:
+        raise ValueError(f"qo_indptr {tuple(qo_indptr.shape)} and kv_indptr {tuple(kv_indptr.shape)} must both be "
+                         "(num_reqs + 1,)")
+    _check_max_qo_len(max_qo_len)
+    if q.device.type == "cpu" and not device.interpreter_active():
+        raise RuntimeError("the Triton kernel needs a GPU, or the interpreter (TRITON_INTERPRET=1, set by "
+                           "`import workbench` on machines without a GPU) for CPU tensors")
+
+
+def _check_max_qo_len(max_qo_len: int) -> None:
+    if not isinstance(max_qo_len, int) or isinstance(max_qo_len, bool) or max_qo_len < 1:
+        raise ValueError(f"max_qo_len is {max_qo_len!r}; it must be a host-side int >= 1")
+    if max_qo_len > MAX_QLEN:
+        raise ValueError(f"max_qo_len is {max_qo_len}, above the decode limit of {MAX_QLEN} query tokens per "
+                         "request (speculative verification uses k + 1 <= 16); run longer queries as prefill")
+
+
+# ----------------------------------------------------------------------------------------------
+# The aiter adapter (ROCm only)
+# ----------------------------------------------------------------------------------------------
+#
+# aiter.mla.mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+# max_seqlen_q, ...): from aiter v0.1.11 on, page_size and nhead_kv sit between max_seqlen_q and
+# sm_scale, so sm_scale and everything after it go by keyword. The output is written into o.
+# Persistent scheduling (aiter.get_mla_metadata_info_v1 sizes six work buffers,
+# aiter.get_mla_metadata_v1 fills them) is used only when every query length is 1, as vLLM does
+# after PR #39616 (its qlen > 1 metadata path fails inside aiter's kernel heuristics).
+
+AITER_HEADS = (16, 128)  # head counts aiter's bf16/fp16 MLA decode kernels run natively
+
+
+def _import_aiter() -> Any:
+    status = device.aiter_status()
+    if not status.available:
+        raise RuntimeError(f"backend='aiter' is unavailable here: {status.reason}. Use backend='triton' or 'torch'.")
+    import aiter  # noqa: PLC0415 - guarded: raises RuntimeError without ROCm
+    import aiter.mla  # noqa: F401, PLC0415
+
+    return aiter
+
+
+def _uniform_qlen(qo_indptr: torch.Tensor, max_qo_len: int, who: str) -> int:
+    """The common query length of all requests, or a ValueError naming the rule (reads qo_indptr)."""
+    lens = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
+    if any(n != max_qo_len for n in lens):
+        raise ValueError(
+            f"{who} needs every request to have the same query length (max_seqlen_q); got query lengths "
+            f"{lens[:8]}{'...' if len(lens) > 8 else ''} with max_qo_len {max_qo_len}. Pad the queries to one "
+            "length, split the batch by query length, or use backend='triton' (any lengths)"
+        )
+    return max_qo_len
+
+
+def aiter_unsupported_reasons(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata) -> list[str]:
+    """Why aiter's MLA decode cannot take this call (empty list: it can). Reads qo_indptr on the host."""
+    reasons = []
+    if q.dim() != 3 or q.shape[-1] != QK_HEAD_DIM:
+        reasons.append(f"q shape {tuple(q.shape)} is not (total_q, H, {QK_HEAD_DIM})")
+    elif q.shape[1] not in AITER_HEADS:
+        reasons.append(f"{q.shape[1]} heads; aiter's kernels run {AITER_HEADS[0]} or {AITER_HEADS[1]} natively")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        reasons.append(f"dtype {q.dtype}; aiter takes bfloat16 or float16")
+    if kv_cache.dtype != q.dtype:
+        reasons.append(f"kv_cache dtype {kv_cache.dtype} differs from q dtype {q.dtype}")
+    lens = (metadata.qo_indptr[1:] - metadata.qo_indptr[:-1]).tolist()
+    if any(n != metadata.max_qo_len for n in lens):
+        reasons.append(f"query lengths {sorted(set(lens))} are not uniform (aiter needs one max_seqlen_q)")
+    if metadata.max_qo_len > MAX_QLEN:
+        reasons.append(f"max_qo_len {metadata.max_qo_len} > {MAX_QLEN}")
+    return reasons
+
+
+def mla_decode_aiter(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata, sm_scale: float | None = None,
+                     *, aiter_module: Any = None) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """Call ``aiter.mla.mla_decode_fwd`` the way vLLM's ROCM_AITER_MLA backend does after PR #39616.
+
+    Args:
+        q: ``(total_q, H, 576)`` bf16/fp16, contiguous, H in (16, 128).
+        kv_cache: ``[num_rows, 576]`` or ``[num_rows, 1, 1, 576]``; handed to aiter as the page_size-1
+            view ``[num_rows, 1, 1, 576]``.
+        metadata: flat per-token :class:`DecodeMetadata`; every request must have ``max_qo_len`` queries.
+        sm_scale: softmax scale (``None``: ``1/sqrt(576)``), passed by keyword.
+        aiter_module: the ``aiter`` module to call (tests pass a recording fake); default: import it
+            (guarded by :func:`workbench.device.aiter_status`).
+
+    Returns:
+        ``(out, lse, persistent)``: ``out`` ``(total_q, H, 512)`` in ``q.dtype``; ``lse`` ``(total_q, H)``
+        fp32 when this aiter version returns it (``return_lse``), else ``None``; ``persistent`` True when
+        the persistent-scheduling metadata was computed and passed (every query length is 1).
+    """
+    aiter = aiter_module if aiter_module is not None else _import_aiter()
+    reasons = aiter_unsupported_reasons(q, kv_cache, metadata)
+    if reasons:
+        raise ValueError("backend='aiter' cannot run this call: " + "; ".join(reasons))
+    if not q.is_contiguous():
+        raise ValueError("q is not contiguous; aiter needs a contiguous (total_q, H, 576) tensor: q.contiguous()")
+    qlen = metadata.max_qo_len
+    total_q, heads, _ = q.shape
+    num_reqs = metadata.num_reqs
+    kv_buffer = _flat_cache(kv_cache).view(-1, 1, 1, QK_HEAD_DIM)  # page_size-1 view, as vLLM passes it
+    o = torch.empty(total_q, heads, KV_LORA_RANK, dtype=q.dtype, device=q.device)
+    kwargs: dict[str, Any] = {"sm_scale": default_sm_scale() if sm_scale is None else float(sm_scale)}
+    persistent = qlen == 1
+    if persistent:
+        info = aiter.get_mla_metadata_info_v1(num_reqs, qlen, heads, q.dtype, kv_buffer.dtype,
+                                              is_sparse=False, fast_mode=True)
+        (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+         reduce_partial_map) = [torch.empty(size, dtype=dtype, device=q.device) for size, dtype in info]
+        # Positional order as vLLM v0.20 calls it: note work_info_set comes before work_indptr here.
+        aiter.get_mla_metadata_v1(
+            metadata.qo_indptr, metadata.kv_indptr, metadata.kv_last_page_lens, heads, 1, True,
+            work_meta_data, work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map,
+            page_size=1, kv_granularity=16, max_seqlen_qo=qlen, uni_seqlen_qo=qlen, fast_mode=True,
+        )
+        kwargs.update(work_meta_data=work_meta_data, work_indptr=work_indptr, work_info_set=work_info_set,
+                      reduce_indptr=reduce_indptr, reduce_final_map=reduce_final_map,
+                      reduce_partial_map=reduce_partial_map)
+    elif qlen & (qlen - 1):
+        warnings.warn(f"aiter #2720: the non-persistent MLA decode may return the same output for every query "
+                      f"position when max_seqlen_q ({qlen}) is not a power of two (seen under CUDA graphs); "
+                      "compare with backend='torch' (chapter 5)", RuntimeWarning, stacklevel=2)
+    decode_fwd = aiter.mla.mla_decode_fwd
+    try:
+        wants_lse = "return_lse" in inspect.signature(decode_fwd).parameters
+    except (TypeError, ValueError):  # a compiled callable without a signature
+        wants_lse = False
+    if wants_lse:
+        kwargs["return_lse"] = True
+    result = decode_fwd(q, kv_buffer, o, metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices,
+                        metadata.kv_last_page_lens, qlen, **kwargs)
+    lse = None
+    if wants_lse and isinstance(result, tuple) and len(result) > 1 and isinstance(result[1], torch.Tensor) \
+            and tuple(result[1].shape) == (total_q, heads):
+        lse = result[1]
+    return o, lse, persistent
+
+
+# ----------------------------------------------------------------------------------------------
+# One entry point, four backends
+# ----------------------------------------------------------------------------------------------
+
+BACKENDS = ("auto", "triton", "torch", "aiter")
+INTERPRETER_MAX_WORK = 1 << 22  # rows x keys the interpreter handles in a few seconds
+
+
+class DecodeOutput(NamedTuple):
+    """What :func:`mla_decode` returns: the output, its LSE, and which backend ran and why."""
+
+    out: torch.Tensor  # (total_q, H, 512): q.dtype (triton, aiter) or float32 (torch golden)
+    lse: torch.Tensor | None  # (total_q, H) float32 natural-log LSE; None if the aiter version gives none
+    backend: str  # "triton" | "torch" | "aiter"
+    reason: str  # why this backend (for "auto"), and which path (aiter: persistent or not)
+
+
+def choose_backend(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata) -> tuple[str, str]:
+    """The backend ``"auto"`` picks here, and why: aiter on ROCm when importable and the call fits it,
+    else Triton on a GPU, else Triton in the interpreter for small fp16/fp32 problems, else the golden."""
+    plat = device.platform()
+    if plat.kind == "rocm":
+        status = device.aiter_status()
+        if status.available:
+            reasons = aiter_unsupported_reasons(q, kv_cache, metadata)
+            if not reasons:
+                return "aiter", "ROCm with aiter importable"
+            why = "aiter cannot take this call (" + "; ".join(reasons) + ")"
+        else:
+            why = f"aiter unavailable ({status.reason})"
+        if device.on_gpu():
+            return "triton", f"{why}; Triton on the GPU (Triton's AMD backend)"
+    elif device.on_gpu():
+        return "triton", f"{plat.kind} GPU ({plat.device_name}): compiled Triton kernel (aiter needs ROCm)"
+    if device.interpreter_active():
+        work = q.shape[0] * q.shape[1] * metadata.kv_indices.numel() // max(metadata.num_reqs, 1)
+        if q.dtype == torch.bfloat16:
+            return "torch", "Triton interpreter computes bfloat16 wrongly (triton #11584); fp32 golden instead"
+        if work <= INTERPRETER_MAX_WORK:
+            return "triton", f"no GPU: Triton interpreter (small problem, {work} row-keys)"
+        return "torch", f"no GPU and a large problem ({work} row-keys > {INTERPRETER_MAX_WORK}): fp32 golden"
+    return "torch", "no GPU and no Triton interpreter: fp32 golden"
+
+
+def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata, *, sm_scale: float | None = None,
+               backend: str = "auto", validate: bool = True) -> DecodeOutput:
+    """MLA decode over flat per-token indices (``metadata`` from ``workbench.expand.build_flat_decode_metadata``).
+
+    Args:
+        q: ``(total_q, H, 576)`` contiguous; bf16/fp16 on a GPU, fp16/fp32 under the interpreter.
+        kv_cache: ``[num_rows, 576]`` or the page_size-1 view ``[num_rows, 1, 1, 576]``, q's dtype.
+        metadata: :class:`workbench.expand.DecodeMetadata` (``qo_indptr``, ``kv_indptr``, ``kv_indices``,
+            ``kv_last_page_lens``, ``max_qo_len``).
+        sm_scale: softmax scale; ``None`` = ``1/sqrt(576)`` (aiter's default; DeepSeek's models use another).
+        backend: ``"triton"`` (this project's kernel: any query lengths 1..16, any head count),
+            ``"torch"`` (fp32 golden, :func:`mla_decode_ref`), ``"aiter"`` (ROCm only: uniform query
+            lengths, 16 or 128 heads), or ``"auto"`` (:func:`choose_backend`).
+        validate: check offsets, index ranges, ``kv_len >= qo_len`` and ``max_qo_len`` on the host
+            (a device sync; pass False inside CUDA-graph capture after validating once).
+
+    Returns:
+        :class:`DecodeOutput` ``(out, lse, backend, reason)``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend is {backend!r}; choose one of {BACKENDS}")
+    if not isinstance(metadata, DecodeMetadata):
+        raise TypeError(f"metadata is a {type(metadata).__name__}; build a DecodeMetadata with "
+                        "workbench.expand.build_flat_decode_metadata(block_table, seq_lens, query_lens, K)")
+    _check_max_qo_len(metadata.max_qo_len)
+    if validate:
+        _, qo, _ = _check_common(q, kv_cache, metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices, KV_LORA_RANK)
+        actual = max((b - a for a, b in zip(qo, qo[1:])), default=0)
+        if actual != metadata.max_qo_len:
+            raise ValueError(f"metadata.max_qo_len is {metadata.max_qo_len} but the longest query in qo_indptr has "
+                             f"{actual} tokens; they must agree (rebuild the metadata)")
+    reason = "requested"
+    if backend == "auto":
+        backend, reason = choose_backend(q, kv_cache, metadata)
+    if backend == "torch":
+        out, lse = mla_decode_ref(q, kv_cache, metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices, sm_scale)
+        return DecodeOutput(out, lse, "torch", reason)
+    if backend == "triton":
+        out, lse = mla_decode_triton(q, kv_cache, metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices,
+                                     metadata.max_qo_len, sm_scale)
+        return DecodeOutput(out, lse, "triton", reason)
+    out, lse, persistent = mla_decode_aiter(q, kv_cache, metadata, sm_scale)
+    path = "persistent (get_mla_metadata_v1)" if persistent else "non-persistent (qlen > 1)"
+    return DecodeOutput(out, lse, "aiter", f"{reason}; {path}")
+
+
+# ----------------------------------------------------------------------------------------------
+# aiter #2996: page indices handed over as token indices
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PageIndexMistake:
+    """The outcome of :func:`demo_page_indices_as_token_indices` (all errors against the paged golden)."""
+
+    page_size: int
+    flat_max_err: float  # per-token indices (what vLLM hands aiter after PR #39616): ~0
+    pages_max_err: float  # page indices read as token rows (the #2996 failure): large
+    pages_rel_err: float  # ||wrong - golden|| / ||golden||
+    kv_indices_flat: list[int]  # request 0's first few per-token rows
+    kv_indices_pages: list[int]  # request 0's page ids, as the mistaken call passes them
+
+    @property
+    def detected(self) -> bool:
+        return self.flat_max_err < 1e-4 and self.pages_max_err > 1e-2
+
+
+def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int, ...] = (40, 23), heads: int = 16,
+                                       seed: int = 0) -> PageIndexMistake:
+    """Show the aiter #2996 failure mode with the golden: a paged cache addressed by *page* ids.
+
+    aiter's bf16 kernels address the cache with page_size 1. Handing them a block table's page ids
+    (with ``kv_indptr`` counting pages) makes them read row ``b`` of the flat view where block ``b``
+    starts at row ``b * page_size``: the wrong rows, and too few of them. No error is raised: the
+    output is silently wrong. Here both calls go through :func:`mla_decode_ref` (fp32), against
+    :func:`mla_decode_paged_ref` on the paged cache; the correct flat indices come from
+    ``workbench.expand.build_flat_decode_metadata``.
+    """
+    from workbench.expand import build_flat_decode_metadata  # noqa: PLC0415 (one builder, in expand)
+
+    g = torch.Generator().manual_seed(seed)
+    pages_per_req = [-(-n // page_size) for n in seq_lens]
+    num_blocks = 1 + sum(pages_per_req) + 3  # block 0 reserved, a few spare
+    cache = torch.randn(num_blocks, page_size, QK_HEAD_DIM, generator=g)
+    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
+    block_table = torch.zeros(len(seq_lens), max(pages_per_req), dtype=torch.int32)
+    for r, n in enumerate(pages_per_req):
+        block_table[r, :n] = torch.tensor(perm[:n], dtype=torch.int32)
+        perm = perm[n:]
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    q = torch.randn(len(seq_lens), heads, QK_HEAD_DIM, generator=g)
+    qo_indptr = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    golden, _ = mla_decode_paged_ref(q, cache, qo_indptr, block_table, seq)
+    flat_view = cache.view(-1, QK_HEAD_DIM)  # what aiter sees: [num_blocks * page_size, 576]
+    md = build_flat_decode_metadata(block_table, seq, [1] * len(seq_lens), page_size)
+    flat, _ = mla_decode_ref(q, flat_view, md.qo_indptr, md.kv_indptr, md.kv_indices)
+    page_ids = torch.cat([block_table[r, :n] for r, n in enumerate(pages_per_req)])
+    page_indptr = torch.tensor([0] + torch.tensor(pages_per_req).cumsum(0).tolist(), dtype=torch.int32)
+    wrong, _ = mla_decode_ref(q, flat_view, qo_indptr, page_indptr, page_ids)
+    return PageIndexMistake(
+        page_size=page_size,
+        flat_max_err=float((flat - golden).abs().max()),
+        pages_max_err=float((wrong - golden).abs().max()),
+        pages_rel_err=float((wrong - golden).norm() / golden.norm()),
+        kv_indices_flat=md.kv_indices[: min(6, seq_lens[0])].tolist(),
+        kv_indices_pages=block_table[0, : pages_per_req[0]].tolist(),
+    )
