@@ -3,6 +3,8 @@
 Subcommands (each registered by one ``_add_*`` function below; keep them in the order of the book):
 
 * ``workbench info``            where code runs here (``workbench.device.describe()``)
+* ``workbench check``           target + Eagle3 draft: their common kernel block size (``workbench.blocksize``)
+* ``workbench catalog``         the backends' declared kernel block sizes, as the docs table
 * ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance)
 
 Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage.
@@ -35,8 +37,50 @@ def _bench_group(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     return sub.choices["bench"].get_default("_bench_sub")
 
 
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check", help="can a target backend and an Eagle3 draft backend share their KV-cache group?",
+        description="Select the kernel block size of the KV-cache group shared by a target backend and an "
+                    "Eagle3 draft backend, with vLLM's rule. Exit 0 compatible, 1 incompatible, 2 bad usage.")
+    p.add_argument("--target", required=True, help="target attention backend, e.g. ROCM_AITER_MLA")
+    p.add_argument("--draft", required=True, help="draft attention backend, e.g. ROCM_ATTN")
+    p.add_argument("--block-size", type=int, default=None, help="manager block size in tokens (default: 16)")
+    p.add_argument("--vllm", default="0.20", help="catalog: 0.19 (before PR #39616), 0.20 (after) or installed")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def run(args: argparse.Namespace) -> int:
+        import json
+
+        from workbench import blocksize
+
+        report = blocksize.check_spec_decode(args.target, args.draft, args.block_size, args.vllm)
+        print(json.dumps(report.to_dict(), indent=2) if args.json else str(report))
+        return 0 if report.compatible else 1
+
+    p.set_defaults(func=run)
+
+
+def _add_catalog(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("catalog", help="the declared kernel block sizes of every attention backend")
+    p.add_argument("--vllm", default="0.20", help="catalog: 0.19, 0.20 or installed (default 0.20)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table (like vLLM's docs table)")
+
+    def run(args: argparse.Namespace) -> int:
+        from workbench import blocksize
+
+        print(blocksize.catalog_table(args.vllm, markdown=args.markdown))
+        if args.vllm.strip().lower() == "installed":
+            reading = blocksize.read_installed_backends()
+            print(f"\n{reading.reason}")
+            for name, why in sorted(reading.failures.items()):
+                print(f"  not read: {name}: {why}")
+        return 0
+
+    p.set_defaults(func=run)
+
+
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
-REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info]
+REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog]
 
 
 def build_parser() -> argparse.ArgumentParser:
