@@ -288,33 +288,37 @@ def _expand_page_indices_kernel(
     n_c = tl.num_programs(1)
 
     # start = sum(seq_lens[:r]), computed here so the whole expansion is one launch (no separate cumsum).
-    start = tl.program_id(0) * 0
+    # Output positions are int64 so that chunk arithmetic near sum(seq_lens) = 2**31 - 1 cannot wrap;
+    # token offsets inside a request stay int32 (cheaper // and %).
+    start = tl.program_id(0).to(tl.int64) * 0
     for i in range(0, r, BLOCK_R):
         offs = i + tl.arange(0, BLOCK_R)
-        start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int32))
+        start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
     seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
     end = start + seq_len
     if c == 0:
-        tl.store(kv_indptr_ptr + r + 1, end)
+        tl.store(kv_indptr_ptr + r + 1, end.to(tl.int32))
         if r == 0:
-            tl.store(kv_indptr_ptr, start)  # = 0
+            tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
 
     row = block_table_ptr + r.to(tl.int64) * block_table_stride
+    lane = tl.arange(0, BLOCK_T)
     # Chunks are aligned to BLOCK_T in the output (not in the request), so every full chunk is an
     # aligned, unmasked, vectorisable store; only the (at most two) edge chunks of a request are masked.
     first = start // BLOCK_T
     last = (end + BLOCK_T - 1) // BLOCK_T
     for chunk in range(first + c, last, n_c):
-        base = tl.multiple_of(chunk * BLOCK_T, BLOCK_T)
-        p = base + tl.arange(0, BLOCK_T)  # output positions
-        t = p - start  # token positions inside the request
-        if (base >= start) & (base + BLOCK_T <= end):
+        base = tl.multiple_of(chunk * BLOCK_T, BLOCK_T)  # first output position of the chunk
+        off = (base - start).to(tl.int32)  # its token position inside the request (negative at a left edge)
+        t = off + lane
+        dst = kv_indices_ptr + base + lane
+        if (off >= 0) & (off + BLOCK_T <= seq_len):
             blk = tl.load(row + t // K)
-            tl.store(kv_indices_ptr + p, (blk * K + t % K).to(tl.int32))
+            tl.store(dst, (blk * K + t % K).to(tl.int32))
         else:
-            m = (p >= start) & (p < end)
+            m = (t >= 0) & (t < seq_len)
             blk = tl.load(row + t // K, mask=m, other=0)
-            tl.store(kv_indices_ptr + p, (blk * K + t % K).to(tl.int32), mask=m)
+            tl.store(dst, (blk * K + t % K).to(tl.int32), mask=m)
 
 
 @dataclasses.dataclass(frozen=True)
