@@ -12,11 +12,9 @@ bash scripts/vllm_env.sh || echo "vllm env could not be created: the vLLM confor
 echo "== build the site (executes every chapter)"
 bash scripts/book.sh
 
-echo "== chapters -> notebooks for nbval (_build/nbval)"
-rm -rf _build/nbval && mkdir -p _build/nbval
-for md in book/*.md; do
-  jupytext --quiet --to ipynb --output "_build/nbval/$(basename "${md%.md}").ipynb" "$md"
-done
+echo "== chapters -> notebooks for nbval (_build/nbval), the site build's outputs as reference"
+rm -rf _build/nbval
+python scripts/nbval_notebooks.py
 
 echo "== pytest: unit tests, chapters (nbval-lax), browser"
 pytest tests _build/nbval --nbval-lax -p no:cacheprovider "$@"
