@@ -6,6 +6,7 @@ unused rows filled with NaN (a stray read turns the output into NaN), row 0 rese
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -238,15 +239,21 @@ def test_triton_every_qlen_interpreter(qlen):
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
+@pytest.mark.parametrize("fused_merge", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
-def test_split_counts_agree(num_splits):
-    """Splits (some empty for the shorter request) merged by LSE give the single-split answer."""
+def test_split_counts_agree(num_splits, fused_merge):
+    """Splits (some empty for the shorter request) merged by LSE give the single-split answer, whether a
+    second kernel merges or the last split of each row block does (and leaves its counter at zero)."""
     case = make_case([2, 2], [2, 50], 2, dtype=torch.float32, seed=3)
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], 2, 0.1, num_splits=num_splits)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    cfg = dataclasses.replace(mla.triton_config(4, torch.float32), fused_merge=fused_merge)
+    for _ in range(2):  # twice: the second launch relies on the counters the first one reset
+        out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                         case["kv_indices"], 2, 0.1, num_splits=num_splits, config=cfg)
+        gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+        torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    if fused_merge and num_splits > 1:
+        assert int(mla._COUNTERS[out.device][:4].abs().sum()) == 0
 
 
 # GPU grid: every qlen 1..16, 16 and 128 heads (and an odd count), bf16 and fp16.
@@ -267,24 +274,27 @@ def test_triton_gpu_matches_golden(qlen, heads, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
+@pytest.mark.parametrize("fused_merge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_triton_gpu_ragged_and_cuda_graph(dtype):
-    """Ragged query lengths, and a CUDA-graph replay giving the eager answer."""
+def test_triton_gpu_ragged_and_cuda_graph(dtype, fused_merge):
+    """Ragged query lengths, both merge designs, and CUDA-graph replays giving the eager answer."""
     case = make_case([1, 4, 7, 2], [300, 5000, 7, 64], 16, dtype=dtype, device="cuda", seed=11)
     md = metadata_of(case)
-    eager = mla.mla_decode(case["q"], case["kv_cache"], md, sm_scale=0.07, backend="triton")
-    check_against_golden(case, eager.out, eager.lse, dtype, 0.07, f"ragged {dtype}")
-    out = torch.empty_like(eager.out)
+    cfg = dataclasses.replace(mla.triton_config(7 * 16, dtype), fused_merge=fused_merge)
     args = (case["q"], case["kv_cache"], md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_qo_len, 0.07)
-    mla.mla_decode_triton(*args, out=out)  # warm-up compiles
+    eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=8)
+    check_against_golden(case, eager_out, eager_lse, dtype, 0.07, f"ragged {dtype} fused={fused_merge}")
+    out = torch.empty_like(eager_out)
+    mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out)  # warm-up (compiles, allocates counters)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mla.mla_decode_triton(*args, out=out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out, eager.out, rtol=0, atol=0)
+        mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out)
+    for _ in range(3):  # replays reuse the counters the previous launch reset
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -387,3 +397,46 @@ def test_device_mismatch_is_named():
     case["kv_indices"] = case["kv_indices"].to("meta")
     with pytest.raises(ValueError, match="kv_indices is on meta"):
         mla.mla_decode_ref(**case)
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark's plumbing (no timing asserted: a fake timer; the bars' logic on synthetic rows)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU smoke run of the benchmark plumbing through the interpreter")
+def test_bench_decode_plumbing_runs_on_cpu():
+    from workbench.bench import decode as bench
+
+    calls = []
+
+    def fake_timer(fn):
+        fn()
+        calls.append(1)
+        return 100.0
+
+    ceilings = {"copy": {"gb_s": 4000.0}, "matmul_bf16": {"tflops": 700.0}}
+    payload = bench.run(grid=[(16, 1, 2, 64), (16, 4, 2, 64)], do_tune=False, device=torch.device("cpu"),
+                        dtype=torch.float16, timer=fake_timer, torch_timer=fake_timer, log=lambda *_: None,
+                        ceilings=ceilings)
+    assert len(payload["results"]) == 2 and len(calls) == 4
+    r = payload["results"][0]
+    assert r["kv_gb_s"] == pytest.approx(2 * 64 * 576 * 2 / 100e-6 / 1e9)
+    assert r["tflops"] == pytest.approx(2 * 16 * 64 * 2 * 1088 / 100e-6 / 1e12)
+    assert {b["verdict"] for b in payload["bars"]} == {"MISS"}  # bar points not measured in this tiny grid
+
+
+def test_bench_decode_bars_logic():
+    from workbench.bench import decode as bench
+
+    rows = [dict(heads=16, qlen=1, batch=64, context=32768, triton_us=100.0, kv_gb_s=3900.0, tflops=1.0),
+            dict(heads=16, qlen=4, batch=64, context=32768, triton_us=120.0, kv_gb_s=3000.0, tflops=1.0),
+            dict(heads=16, qlen=8, batch=64, context=32768, triton_us=200.0, kv_gb_s=2000.0, tflops=1.0),
+            dict(heads=128, qlen=1, batch=64, context=4096, triton_us=1.0, kv_gb_s=1.0, tflops=250.0)]
+    bars = {b["name"]: b for b in bench.evaluate_bars(rows, copy_gb_s=4200.0)}
+    assert bars["16 heads qlen 1 B=64 L=32k: KV bandwidth >= 90% of copy"]["verdict"] == "PASS"
+    assert bars["16 heads qlen 4 B=64 L=32k: time <= 1.25x qlen 1"]["verdict"] == "PASS"
+    assert bars["16 heads qlen 8 B=64 L=32k: time <= 1.25x qlen 1"]["value"] == pytest.approx(2.0)
+    assert bars["16 heads qlen 8 B=64 L=32k: time <= 1.25x qlen 1"]["verdict"] == "MISS"
+    assert bars["128 heads qlen 1 B=64 L=4k: >= 300 TFLOP/s"]["verdict"] == "MISS"
+    assert bars["16 heads qlen 1 B=16 L=4k: KV bandwidth >= 2.5 TB/s"]["value"] is None

@@ -312,12 +312,16 @@ def _mla_decode_split_kernel(
     KV_INDPTR,  # (B + 1,) int32
     OUT,  # DIRECT: (total_q * H, 512) q.dtype; else partials (num_splits, total_q * H, 512) fp32
     LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_q * H) fp32
+    FINAL_O,  # FUSED_MERGE: (total_q * H, 512) q.dtype, the merged output
+    FINAL_LSE,  # FUSED_MERGE: (total_q * H,) fp32
+    COUNTERS,  # FUSED_MERGE: (B * row_blocks,) int32 zeros; splits finished per (request, row block)
     stride_kv,  # elements between consecutive cache rows
     total_rows,  # total_q * H (partials' split stride is total_rows rows)
     qk_scale,  # sm_scale * log2(e): scores in base 2
     num_splits,  # KV splits per request (grid axis 1)
     NUM_HEADS: tl.constexpr,
     DIRECT: tl.constexpr,  # num_splits == 1: write the final output and natural-log LSE
+    FUSED_MERGE: tl.constexpr,  # the last split of each row block merges (else a second kernel does)
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
     D_LATENT: tl.constexpr,  # 512
@@ -381,6 +385,48 @@ def _mla_decode_split_kernel(
         prow = pid_s.to(tl.int64) * total_rows + grow
         tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out, mask=row_ok[:, None])
         tl.store(LSE + prow, lse, mask=row_ok)
+        if FUSED_MERGE:
+            # The last split to finish for these rows merges them (no second launch). Barrier: every
+            # thread's partial stores precede the release; the acquire orders the reads after it.
+            tl.debug_barrier()
+            counter = COUNTERS + req * tl.num_programs(0) + pid_m
+            ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
+                tl.store(counter, 0)  # every other split has counted: reset for the next launch
+                final, final_lse = _merge_splits(OUT, LSE, grow, row_ok, total_rows, num_splits, BLOCK_M,
+                                                 D_LATENT, True)
+                tl.store(FINAL_O + grow[:, None] * D_LATENT + d_lat[None, :], final.to(FINAL_O.dtype.element_ty),
+                         mask=row_ok[:, None])
+                tl.store(FINAL_LSE + grow, final_lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(MID_O, MID_LSE, grow, row_ok, total_rows, num_splits, BLOCK_R: tl.constexpr,
+                  D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
+    """Combine the splits of rows ``grow`` by their LSE: returns (out fp32 (BLOCK_R, 512), natural-log lse)."""
+    d = tl.arange(0, D_LATENT)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, D_LATENT], dtype=tl.float32)
+    for s in range(num_splits):
+        prow = s * total_rows + grow
+        if BYPASS_L1:  # partials written by other programs of this launch: read them from L2
+            lse_s = tl.load(MID_LSE + prow, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+            o_s = tl.load(MID_O + prow[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None], other=0.0,
+                          cache_modifier=".cg")
+        else:
+            lse_s = tl.load(MID_LSE + prow, mask=row_ok, other=float("-inf"))
+            o_s = tl.load(MID_O + prow[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None], other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m - m_safe)
+        w = tl.exp(lse_s - m_safe)
+        acc = acc * a[:, None] + w[:, None] * o_s
+        denom = denom * a + w
+        m = m_new
+    has = denom > 0.0
+    safe = tl.where(has, denom, 1.0)
+    return acc / safe[:, None], tl.where(has, m + tl.log(safe), float("-inf"))
 
 
 @triton.jit
@@ -394,28 +440,12 @@ def _mla_decode_merge_kernel(
     BLOCK_R: tl.constexpr,  # rows per program
     D_LATENT: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
+    out, lse = _merge_splits(MID_O, MID_LSE, rows, ok, total_rows, num_splits, BLOCK_R, D_LATENT, False)
     d = tl.arange(0, D_LATENT)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, D_LATENT], dtype=tl.float32)
-    for s in range(num_splits):
-        prow = s * total_rows + rows.to(tl.int64)
-        lse_s = tl.load(MID_LSE + prow, mask=ok, other=float("-inf"))
-        o_s = tl.load(MID_O + prow[:, None] * D_LATENT + d[None, :], mask=ok[:, None], other=0.0)
-        m_new = tl.maximum(m, lse_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(m - m_safe)
-        w = tl.exp(lse_s - m_safe)
-        acc = acc * a[:, None] + w[:, None] * o_s
-        denom = denom * a + w
-        m = m_new
-    has = denom > 0.0
-    safe = tl.where(has, denom, 1.0)
-    tl.store(OUT + rows.to(tl.int64)[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
-             mask=ok[:, None])
-    tl.store(LSE + rows, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
+    tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
+    tl.store(LSE + rows, lse, mask=ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,6 +459,23 @@ class TritonConfig:
     waves: float = 2.0  # aim for waves * SM count programs when choosing the number of splits
     min_tokens_per_split: int = 256  # never split finer than this (partials cost 4 KB per row per split)
     merge_block_r: int = 16
+    fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter_workspace(dev: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 buffer of at least ``n`` ticket counters, kept per device (the kernel leaves it
+    zeroed after each launch, so it can be reused by the next launch and inside CUDA graphs)."""
+    buf = _COUNTERS.get(dev)
+    if buf is None or buf.numel() < n:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the fused-merge counter workspace must be allocated before CUDA-graph capture: "
+                               "run the same call once eagerly first")
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
+        _COUNTERS[dev] = buf
+    return buf
 
 
 def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
@@ -496,13 +543,21 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                   D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     grid = (row_blocks, num_splits, num_reqs)
     if num_splits == 1:
-        _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, cache.stride(0),
-                                       total_rows, scale * _LOG2E, num_splits, DIRECT=True, **common)
+        _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr,
+                                       cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=True,
+                                       FUSED_MERGE=False, **common)
         return out, lse
     mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
-    _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, cache.stride(0),
-                                   total_rows, scale * _LOG2E, num_splits, DIRECT=False, **common)
+    if cfg.fused_merge:
+        counters = _counter_workspace(q.device, num_reqs * row_blocks)
+        _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters,
+                                       cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=False,
+                                       FUSED_MERGE=True, **common)
+        return out, lse
+    _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr,
+                                   cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=False,
+                                   FUSED_MERGE=False, **common)
     merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r),)
     _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
                                          BLOCK_R=cfg.merge_block_r, D_LATENT=KV_LORA_RANK,

@@ -1,0 +1,308 @@
+"""``workbench bench decode``: the Triton MLA decode against the torch path and the copy ceiling.
+
+Formulas, stated before measuring (bf16, per call, B requests of L cached tokens, qlen queries, H heads):
+
+* bytes that must move: the KV rows, ``B * L * 576 * 2`` (q and the output are under 1 % at L >= 1k);
+  effective KV-read bandwidth = that / time, compared with the device-to-device copy bandwidth
+  measured in the same run (bytes read + written, :func:`workbench.bench.common.copy_bandwidth`);
+* FLOPs: ``2 * H * qlen * L * (576 + 512)`` per request (QK^T over 576 dims, PV over 512; the causal
+  mask's saving, under qlen/L, is ignored); TFLOP/s compared with a bf16 matrix product measured in
+  the same run.
+
+Timing: CUDA-graph replay (:func:`workbench.bench.common.time_cuda_graph`), median, graph length
+chosen so one replay takes about 2 ms. Inputs are random; cache rows are handed out in a random
+permutation of a large cache, as a serving cache would be. Nothing here imports plotly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from workbench import mla
+from workbench.bench import common
+
+__all__ = ["BARS", "evaluate_bars", "main", "make_inputs", "measure_point", "run"]
+
+KV_ROW_BYTES = mla.QK_HEAD_DIM * 2  # one bf16 cache row
+FLOPS_PER_TOKEN_HEAD = 2 * (mla.QK_HEAD_DIM + mla.KV_LORA_RANK)  # per query row and key
+
+# The sweep: (heads, qlen, batch, context).
+MAIN_GRID = [(h, 1, b, l) for h in (16, 128) for b in (1, 16, 64, 128) for l in (1024, 4096, 8192, 32768)]
+QLEN_PAIRS = [(16, 4096), (64, 4096), (64, 32768), (128, 8192)]
+QLEN_GRID = [(16, q, b, l) for q in (2, 4, 6, 8) for b, l in QLEN_PAIRS] + [(128, q, 64, 4096) for q in (2, 4, 6, 8)]
+QUICK_GRID = [(16, 1, 16, 4096), (16, 1, 64, 32768), (16, 1, 128, 8192), (128, 1, 64, 4096),
+              (16, 4, 64, 32768), (16, 8, 64, 32768), (16, 1, 64, 4096), (16, 4, 64, 4096), (16, 8, 64, 4096)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bar:
+    name: str
+    kind: str  # "kv_fraction_of_copy" | "kv_gb_s" | "tflops" | "qlen_time_ratio"
+    heads: int
+    batch: int
+    context: int
+    target: float
+    qlen: int = 1
+
+
+BARS = [
+    Bar("16 heads qlen 1 B=64 L=32k: KV bandwidth >= 90% of copy", "kv_fraction_of_copy", 16, 64, 32768, 0.90),
+    Bar("16 heads qlen 1 B=128 L=8k: KV bandwidth >= 90% of copy", "kv_fraction_of_copy", 16, 128, 8192, 0.90),
+    Bar("16 heads qlen 1 B=16 L=4k: KV bandwidth >= 2.5 TB/s", "kv_gb_s", 16, 16, 4096, 2500.0),
+    Bar("128 heads qlen 1 B=64 L=4k: >= 300 TFLOP/s", "tflops", 128, 64, 4096, 300.0),
+] + [
+    Bar(f"16 heads qlen {q} B={b} L={l // 1024}k: time <= 1.25x qlen 1", "qlen_time_ratio", 16, b, l, 1.25, q)
+    for q in (4, 8) for b, l in QLEN_PAIRS
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs and one measurement
+# ----------------------------------------------------------------------------------------------
+
+
+class CachePool:
+    """One large random cache shared by every point (rows handed out in a random permutation)."""
+
+    def __init__(self, max_rows: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.cache = torch.randn(max_rows + 1, mla.QK_HEAD_DIM, generator=g, device=device, dtype=torch.float32
+                                 ).to(dtype) if device.type == "cpu" else \
+            torch.randn(max_rows + 1, mla.QK_HEAD_DIM, generator=g, device=device, dtype=dtype)
+        self.gen = g
+        self.device = device
+
+    def indices(self, n: int) -> torch.Tensor:
+        rows = self.cache.shape[0] - 1
+        perm = torch.randperm(rows, generator=self.gen, device=self.device)[:n]
+        return (perm + 1).to(torch.int32)  # row 0 never used
+
+
+def make_inputs(pool: CachePool, heads: int, qlen: int, batch: int, context: int, seed: int = 0) -> dict[str, Any]:
+    """q ``(batch*qlen, heads, 576)``, the cache, and uniform aiter-style offsets over permuted rows."""
+    dev, dtype = pool.device, pool.cache.dtype
+    g = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(batch * qlen, heads, mla.QK_HEAD_DIM, generator=g, device=dev, dtype=torch.float32).to(dtype)
+    return dict(
+        q=q, kv_cache=pool.cache,
+        qo_indptr=torch.arange(0, batch * qlen + 1, qlen, dtype=torch.int32, device=dev),
+        kv_indptr=torch.arange(0, batch * context + 1, context, dtype=torch.int32, device=dev),
+        kv_indices=pool.indices(batch * context),
+    )
+
+
+def _graph_timer(fn: Callable[[], Any]) -> float:
+    """Median microseconds per call under CUDA-graph replay, graph length sized to ~2 ms per replay."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    est_us = max(start.elapsed_time(end) * 1e3, 1.0)
+    reps = int(min(50, max(1, 2000 // est_us)))
+    repeats = 30 if est_us < 500 else 10
+    return common.time_cuda_graph(fn, graph_reps=reps, repeats=repeats, warmup=2)
+
+
+def _eager_timer(fn: Callable[[], Any]) -> float:
+    return common.time_eager(fn, reps=3, repeats=5, warmup=1)
+
+
+def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int, *,
+                  config: mla.TritonConfig | None = None, timer: Callable[[Callable[[], Any]], float] = _graph_timer,
+                  torch_timer: Callable[[Callable[[], Any]], float] | None = None,
+                  torch_mem_limit: float = 6e9) -> dict[str, Any]:
+    """Time the Triton decode (and, if ``torch_timer`` is given and it fits, the torch path) at one point."""
+    x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
+    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype)
+    rows = qlen * heads
+    row_blocks = -(-rows // cfg.block_m)
+    splits = mla.choose_num_splits(batch, row_blocks, context, cfg, mla._sm_count(pool.device))
+    out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
+
+    def run_triton():
+        return mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen,
+                                     None, num_splits=splits, config=cfg, out=out)
+
+    us = timer(run_triton)
+    kv_bytes = batch * context * KV_ROW_BYTES
+    flops = batch * heads * qlen * context * FLOPS_PER_TOKEN_HEAD
+    row = dict(heads=heads, qlen=qlen, batch=batch, context=context, num_splits=splits,
+               config=dataclasses.asdict(cfg), triton_us=us, kv_gb_s=kv_bytes / (us * 1e-6) / 1e9,
+               tflops=flops / (us * 1e-6) / 1e12, intensity_flop_per_byte=flops / kv_bytes)
+    torch_bytes = batch * context * KV_ROW_BYTES + batch * qlen * heads * context * 4 * 3
+    if torch_timer is not None and torch_bytes <= torch_mem_limit:
+        def run_torch():
+            return mla.mla_decode_torch(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"],
+                                        None, qlen, context)
+        t_us = torch_timer(run_torch)
+        row.update(torch_us=t_us, torch_kv_gb_s=kv_bytes / (t_us * 1e-6) / 1e9, speedup_vs_torch=t_us / us)
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# tuning: a few launch configurations per regime, scored at the bar points
+# ----------------------------------------------------------------------------------------------
+
+MEM_CANDIDATES = [(32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 8, 3), (16, 4, 4)]  # (block_n, warps, stages)
+MEM_POINTS = [(16, 1, 16, 4096), (16, 1, 64, 32768), (16, 1, 128, 8192), (16, 1, 64, 4096)]
+COMPUTE_CANDIDATES = [(64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 64, 4, 2), (64, 16, 4, 3),
+                      (64, 32, 8, 3), (128, 32, 8, 2), (64, 64, 8, 1)]  # (block_m, block_n, warps, stages)
+COMPUTE_POINTS = [(128, 1, 64, 4096), (16, 8, 64, 4096), (16, 8, 64, 32768)]
+MID_CANDIDATES = [(32, 64, 4, 2), (32, 64, 4, 3), (32, 32, 4, 3), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2)]
+MID_POINTS = [(16, 2, 64, 4096), (16, 4, 64, 4096), (16, 4, 64, 32768)]
+
+
+def _score(configs: list[mla.TritonConfig], points, pool, timer, log) -> tuple[mla.TritonConfig, list[dict]]:
+    """Time every config at every point; pick the one with the smallest geometric mean of time / best."""
+    table: list[dict] = []
+    times: dict[int, list[float]] = {}
+    for ci, cfg in enumerate(configs):
+        ts = []
+        for (h, q, b, l) in points:
+            try:
+                r = measure_point(pool, h, q, b, l, config=cfg, timer=timer)
+                ts.append(r["triton_us"])
+                table.append(dict(config=dataclasses.asdict(cfg), heads=h, qlen=q, batch=b, context=l,
+                                  us=r["triton_us"], kv_gb_s=r["kv_gb_s"], tflops=r["tflops"]))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: record and skip the config
+                table.append(dict(config=dataclasses.asdict(cfg), error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                ts = []
+                break
+        if ts:
+            times[ci] = ts
+            log(f"  tune {cfg.block_m:3d}x{cfg.block_n:3d} w{cfg.num_warps} s{cfg.num_stages} waves {cfg.waves} "
+                f"fused {int(cfg.fused_merge)}: " + " ".join(f"{t:8.1f}" for t in ts) + " us")
+    if not times:
+        raise RuntimeError("no tuning candidate ran")
+    best_per_point = [min(ts[i] for ts in times.values()) for i in range(len(points))]
+
+    def geo(ci):
+        return math.exp(sum(math.log(t / bp) for t, bp in zip(times[ci], best_per_point)) / len(points))
+
+    return configs[min(times, key=geo)], table
+
+
+def tune(pool: CachePool, timer, log) -> tuple[dict[str, mla.TritonConfig], list[dict]]:
+    """Pick one launch configuration per regime (rows per request <= 16, <= 64, > 64)."""
+    mem = [mla.TritonConfig(16, bn, w, st, waves=wv, fused_merge=f)
+           for bn, w, st in MEM_CANDIDATES for wv in (1.0, 2.0, 4.0) for f in (False, True)]
+    compute = [mla.TritonConfig(bm, bn, w, st, waves=wv) for bm, bn, w, st in COMPUTE_CANDIDATES for wv in (1.0, 2.0)]
+    mid = [mla.TritonConfig(bm, bn, w, st, waves=wv) for bm, bn, w, st in MID_CANDIDATES for wv in (1.0, 2.0)]
+    chosen, table = {}, []
+    for name, cands, pts in (("mem", mem, MEM_POINTS), ("mid", mid, MID_POINTS), ("compute", compute, COMPUTE_POINTS)):
+        log(f"tuning '{name}' over {len(cands)} configurations at {len(pts)} points")
+        best, t = _score(cands, pts, pool, timer, log)
+        chosen[name] = best
+        table += [dict(regime=name, **row) for row in t]
+        log(f"  -> {name}: {best}")
+    return chosen, table
+
+
+def _config_for(chosen: dict[str, mla.TritonConfig] | None, rows: int) -> mla.TritonConfig | None:
+    if not chosen:
+        return None
+    return chosen["mem"] if rows <= 16 else chosen["mid"] if rows <= 64 else chosen["compute"]
+
+
+# ----------------------------------------------------------------------------------------------
+# bars, the run, the CLI entry
+# ----------------------------------------------------------------------------------------------
+
+
+def evaluate_bars(results: list[dict], copy_gb_s: float) -> list[dict]:
+    """Each bar with its measured value, target and PASS/MISS (MISS when the point was not measured)."""
+    def find(h, q, b, l):
+        return next((r for r in results if (r["heads"], r["qlen"], r["batch"], r["context"]) == (h, q, b, l)), None)
+
+    out = []
+    for bar in BARS:
+        r = find(bar.heads, bar.qlen, bar.batch, bar.context)
+        value = None
+        if r is not None:
+            if bar.kind == "kv_fraction_of_copy":
+                value = r["kv_gb_s"] / copy_gb_s
+            elif bar.kind == "kv_gb_s":
+                value = r["kv_gb_s"]
+            elif bar.kind == "tflops":
+                value = r["tflops"]
+            elif bar.kind == "qlen_time_ratio":
+                base = find(bar.heads, 1, bar.batch, bar.context)
+                value = r["triton_us"] / base["triton_us"] if base else None
+        ok = value is not None and (value <= bar.target if bar.kind == "qlen_time_ratio" else value >= bar.target)
+        out.append(dict(name=bar.name, kind=bar.kind, value=value, target=bar.target,
+                        verdict="PASS" if ok else "MISS"))
+    return out
+
+
+def matmul_tflops(n: int = 8192) -> dict[str, float]:
+    """bf16 matrix-product rate on random data (the compute ceiling of the roofline), measured here."""
+    dev = common.require_gpu()
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    us = common.time_cuda_graph(lambda: torch.matmul(a, b, out=c), graph_reps=5, repeats=10)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {"n": n, "time_us": us, "tflops": 2 * n**3 / (us * 1e-6) / 1e12}
+
+
+def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: bool = True,
+        device: torch.device | None = None, dtype: torch.dtype = torch.bfloat16, timer=None, torch_timer=None,
+        log=print, ceilings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure the ceilings, optionally tune, sweep ``grid``, evaluate the bars. Returns the JSON payload."""
+    dev = device or common.require_gpu()
+    timer = timer or _graph_timer
+    if torch_timer is None and with_torch:
+        torch_timer = _eager_timer
+    if ceilings is None:
+        ceilings = {"copy": common.copy_bandwidth(), "matmul_bf16": matmul_tflops()}
+    log(f"copy bandwidth {ceilings['copy']['gb_s']:.0f} GB/s (read + write); "
+        f"bf16 matmul {ceilings['matmul_bf16']['tflops']:.0f} TFLOP/s")
+    max_rows = max(b * l for (_, _, b, l) in grid + (MEM_POINTS + COMPUTE_POINTS + MID_POINTS if do_tune else []))
+    pool = CachePool(max_rows, dtype, dev)
+    chosen, tuning = (None, [])
+    if do_tune:
+        t0 = time.time()
+        chosen, tuning = tune(pool, timer, log)
+        log(f"tuning took {time.time() - t0:.0f} s")
+    results = []
+    log(f"{'H':>4} {'qlen':>4} {'B':>4} {'L':>6} {'splits':>6} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'torch us':>9}")
+    for (h, q, b, l) in grid:
+        r = measure_point(pool, h, q, b, l, config=_config_for(chosen, q * h), timer=timer, torch_timer=torch_timer)
+        results.append(r)
+        t_us = f"{r['torch_us']:9.1f}" if "torch_us" in r else f"{'-':>9}"
+        log(f"{h:4d} {q:4d} {b:4d} {l:6d} {r['num_splits']:6d} {r['triton_us']:9.1f} {r['kv_gb_s']:7.0f} "
+            f"{r['tflops']:8.1f} {t_us}")
+    bars = evaluate_bars(results, ceilings["copy"]["gb_s"])
+    return dict(
+        benchmark="mla_decode", provenance=common.provenance() if dev.type == "cuda" else {},
+        formulas={"kv_bytes": "batch * context * 576 * 2", "flops": "batch * 2 * heads * qlen * context * (576 + 512)",
+                  "kv_gb_s": "kv_bytes / time", "tflops": "flops / time"},
+        ceilings=ceilings, chosen_configs={k: dataclasses.asdict(v) for k, v in (chosen or {}).items()},
+        tuning=tuning, results=results, bars=bars,
+    )
+
+
+def print_bars(bars: list[dict], log=print) -> None:
+    for b in bars:
+        v = "not measured" if b["value"] is None else f"{b['value']:.3g}"
+        log(f"[{b['verdict']}] {b['name']}: {v} (target {b['target']:g})")
+
+
+def main(args: argparse.Namespace) -> int:
+    grid = QUICK_GRID if args.quick else MAIN_GRID + QLEN_GRID
+    payload = run(grid=grid, do_tune=args.tune, with_torch=not args.no_torch)
+    path = common.write_json(args.out, payload)
+    print_bars(payload["bars"])
+    print(f"wrote {path}")
+    return 0 if all(b["verdict"] == "PASS" for b in payload["bars"]) else 1
