@@ -746,27 +746,28 @@ def choose_backend(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMeta
     """The backend ``"auto"`` picks here, and why: aiter on ROCm when importable and the call fits it,
     else Triton on a GPU, else Triton in the interpreter for small fp16/fp32 problems, else the golden."""
     plat = device.platform()
+    prefix = ""
     if plat.kind == "rocm":
         status = device.aiter_status()
         if status.available:
             reasons = aiter_unsupported_reasons(q, kv_cache, metadata)
             if not reasons:
                 return "aiter", "ROCm with aiter importable"
-            why = "aiter cannot take this call (" + "; ".join(reasons) + ")"
+            prefix = "aiter cannot take this call (" + "; ".join(reasons) + "); "
         else:
-            why = f"aiter unavailable ({status.reason})"
+            prefix = f"aiter unavailable ({status.reason}); "
         if device.on_gpu():
-            return "triton", f"{why}; Triton on the GPU (Triton's AMD backend)"
+            return "triton", f"{prefix}Triton on the GPU (Triton's AMD backend)"
     elif device.on_gpu():
         return "triton", f"{plat.kind} GPU ({plat.device_name}): compiled Triton kernel (aiter needs ROCm)"
     if device.interpreter_active():
         work = q.shape[0] * q.shape[1] * metadata.kv_indices.numel() // max(metadata.num_reqs, 1)
         if q.dtype == torch.bfloat16:
-            return "torch", "Triton interpreter computes bfloat16 wrongly (triton #11584); fp32 golden instead"
+            return "torch", f"{prefix}Triton interpreter computes bfloat16 wrongly (triton #11584); fp32 golden instead"
         if work <= INTERPRETER_MAX_WORK:
-            return "triton", f"no GPU: Triton interpreter (small problem, {work} row-keys)"
-        return "torch", f"no GPU and a large problem ({work} row-keys > {INTERPRETER_MAX_WORK}): fp32 golden"
-    return "torch", "no GPU and no Triton interpreter: fp32 golden"
+            return "triton", f"{prefix}no GPU: Triton interpreter (small problem, {work} row-keys)"
+        return "torch", f"{prefix}no GPU and a large problem ({work} row-keys > {INTERPRETER_MAX_WORK}): fp32 golden"
+    return "torch", f"{prefix}no GPU and no Triton interpreter: fp32 golden"
 
 
 def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata, *, sm_scale: float | None = None,
