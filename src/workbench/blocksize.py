@@ -544,16 +544,21 @@ class BlockSizeError(ValueError):
                          + " ".join(self.reasons) + " " + fix)
 
 
+def _accepts_known_entries(sizes: Sequence[object], block_size: int) -> bool:
+    """For explanations only: entries of unknown type (that vLLM never reached) accept nothing."""
+    return any(_entry_accepts(e, block_size) for e in sizes if isinstance(e, (int, MultipleOf)))
+
+
 def _explain(n: int, described: Sequence[tuple[str, Sequence[object]]]) -> BlockSizeError:
     sizes = [s for _, s in described]
     reasons = [f"{name} declares {list(s)!r} and does not accept {n}."
-               for name, s in described if not _accepts_all_entries(s, n)]
+               for name, s in described if not _accepts_known_entries(s, n)]
     candidates = sorted({x for s in sizes for x in s if isinstance(x, int) and n % x == 0}, reverse=True)
     if not candidates:
         reasons.append(f"No backend declares an exact size that divides {n}, so the blocks cannot be split "
                        "into smaller kernel blocks.")
     for c in candidates:
-        rejecting = [name for name, s in described if not _accepts_all_entries(s, c)]
+        rejecting = [name for name, s in described if not _accepts_known_entries(s, c)]
         reasons.append(f"Splitting into kernel blocks of {c} fails: {', '.join(rejecting)} "
                        f"{'does' if len(rejecting) == 1 else 'do'} not accept {c}.")
     suggestions = []
