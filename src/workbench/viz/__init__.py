@@ -56,4 +56,3 @@ setup_renderer()
 from workbench.viz.roofline import roofline_figure  # noqa: E402
 from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, blocksize_widget  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
-from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
