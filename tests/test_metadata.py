@@ -368,3 +368,38 @@ def test_stress_table_lists_every_run():
     rs = [M.stress_test(d, threads=2, builds_per_thread=20, seed=0) for d in ("instance", "metadata")]
     table = M.format_stress_table(rs)
     assert "instance flag" in table and "metadata flag" in table and len(table.splitlines()) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# figures (deterministic, built from the library's data)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_schedule_figure_draws_every_work_item_and_is_deterministic():
+    from workbench import viz
+
+    s = M.PersistentSchedule.build(indptr([1] * 7), indptr(BATCHES["mixed"]), 5)
+    fig = viz.schedule_figure(s)
+    bars = sum(len(t.x) for t in fig.data)
+    assert bars == s.num_work and len(fig.data) == 7  # one trace per request
+    hatched = sum(p == "/" for t in fig.data for p in t.marker.pattern.shape)
+    assert hatched == s.num_partials
+    assert fig.to_json() == viz.schedule_figure(s).to_json()
+
+
+def test_interleaving_figure_has_a_panel_per_interleaving(replays):
+    from workbench import viz
+
+    fig = viz.interleaving_figure(replays)
+    buttons = fig.layout.updatemenus[0].buttons
+    assert [b.label for b in buttons] == list(M.INTERLEAVINGS)
+    events = sum(len(t.x) for t in fig.data if t.x and t.x[0] is not None)
+    assert events == sum(len(v) for v in replays.values())
+
+
+def test_stress_figure_stacks_the_counts():
+    from workbench import viz
+
+    rs = [M.stress_test("instance", threads=1, builds_per_thread=200, seed=2)]
+    fig = viz.stress_figure(rs)
+    assert sum(t.y[0] for t in fig.data if t.type == "bar") == rs[0].wrong_flag + rs[0].foreign_schedule
