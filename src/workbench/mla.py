@@ -456,13 +456,37 @@ class TritonConfig:
     block_n: int  # tokens per KV tile
     num_warps: int
     num_stages: int
-    waves: float = 2.0  # aim for waves * SM count programs when choosing the number of splits
-    min_tokens_per_split: int = 256  # never split finer than this (partials cost 4 KB per row per split)
+    split_overhead_tokens: int = 128  # a program's fixed cost (prologue, partial write) in tokens' worth of time
+    merge_overhead_tokens: int = 64  # the merge's cost (second launch or last-split merge) in tokens' worth
+    programs_per_sm: int | None = None  # resident programs per SM; None: estimated from shared memory/registers
+    max_splits: int = 128
     merge_block_r: int = 16
     fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
 
+    def resident_per_sm(self) -> int:
+        """Programs that fit on one SM at once (an estimate unless ``programs_per_sm`` is set): shared
+        memory holds the q tile and ``num_stages`` KV tiles; registers hold the fp32 accumulator."""
+        if self.programs_per_sm is not None:
+            return self.programs_per_sm
+        smem = (self.block_m + self.num_stages * self.block_n) * QK_HEAD_DIM * 2
+        regs = (self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 96) * 32 * self.num_warps
+        return max(1, min(232_448 // max(smem, 1), 65_536 // regs, 64 // self.num_warps))
+
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+LAST_COMPILED: dict[str, Any] = {}  # the last compiled split kernel (registers, spills, shared memory, PTX)
+
+
+def compiled_kernel_report() -> dict[str, Any]:
+    """Resource use of the last compiled split kernel (GPU only): registers, spills, shared memory, and
+    which matrix instructions its PTX uses (``wgmma`` is Hopper's; ``mma.sync`` the older path)."""
+    k = LAST_COMPILED.get("split")
+    if k is None or not hasattr(k, "asm"):
+        return {}
+    ptx = k.asm.get("ptx", "")
+    return {"n_regs": getattr(k, "n_regs", None), "n_spills": getattr(k, "n_spills", None),
+            "shared_bytes": getattr(k.metadata, "shared", None), "wgmma": "wgmma" in ptx,
+            "mma_sync": "mma.sync" in ptx, "cp_async": "cp.async" in ptx}
 
 
 def _counter_workspace(dev: torch.device, n: int) -> torch.Tensor:
@@ -487,12 +511,13 @@ def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     ``workbench bench decode --tune`` (src/workbench/data/bench_decode_h200.json).
     """
     if device.interpreter_active():
-        return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, min_tokens_per_split=16)
+        return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
+                            merge_overhead_tokens=8, programs_per_sm=1, max_splits=4)
     if rows_per_req <= 16:
-        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)
-    if rows_per_req <= 32:
+        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, fused_merge=True)
+    if rows_per_req <= 64:
         return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2)
-    return TritonConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
 
 
 def _sm_count(dev: torch.device) -> int:
@@ -503,12 +528,26 @@ def _sm_count(dev: torch.device) -> int:
 
 def choose_num_splits(num_reqs: int, row_blocks: int, avg_kv_len: float, config: TritonConfig,
                       sm_count: int) -> int:
-    """KV splits per request: enough programs to fill ``config.waves`` x the SMs, never a split
-    shorter than ``config.min_tokens_per_split`` tokens (on average), at most 64."""
+    """KV splits per request, from a wave-quantisation cost model.
+
+    With ``s`` splits there are ``P = num_reqs * row_blocks * s`` programs, run in
+    ``ceil(P / (sm_count * resident_per_sm))`` waves, each program costing its ``ceil(L / s)`` tokens
+    plus a fixed overhead; any ``s > 1`` adds the merge. Pick the ``s`` with the smallest
+    ``waves * (ceil(L / s) + split_overhead) + merge``: one full wave of long programs beats 1.1 waves.
+    """
+    slots = max(sm_count * config.resident_per_sm(), 1)
     programs = max(num_reqs * row_blocks, 1)
-    want = math.ceil(config.waves * sm_count / programs)
-    by_len = max(1, int(avg_kv_len // max(config.min_tokens_per_split, 1)))
-    return max(1, min(want, by_len, 64))
+    length = max(avg_kv_len, 1.0)
+    best, best_cost = 1, float("inf")
+    for s in range(1, config.max_splits + 1):
+        if s > 1 and length / s < 16:  # never split below one small tile
+            break
+        waves = math.ceil(programs * s / slots)
+        cost = waves * (math.ceil(length / s) + config.split_overhead_tokens)
+        cost += config.merge_overhead_tokens if s > 1 else 0
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
 
 
 def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
@@ -543,7 +582,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                   D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     grid = (row_blocks, num_splits, num_reqs)
     if num_splits == 1:
-        _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr,
+        LAST_COMPILED["split"] = _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr,
                                        cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=True,
                                        FUSED_MERGE=False, **common)
         return out, lse
@@ -551,11 +590,11 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
     if cfg.fused_merge:
         counters = _counter_workspace(q.device, num_reqs * row_blocks)
-        _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters,
+        LAST_COMPILED["split"] = _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters,
                                        cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=False,
                                        FUSED_MERGE=True, **common)
         return out, lse
-    _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr,
+    LAST_COMPILED["split"] = _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr,
                                    cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=False,
                                    FUSED_MERGE=False, **common)
     merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r),)

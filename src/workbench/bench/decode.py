@@ -153,12 +153,15 @@ def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: i
 # tuning: a few launch configurations per regime, scored at the bar points
 # ----------------------------------------------------------------------------------------------
 
-MEM_CANDIDATES = [(32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 8, 3), (16, 4, 4)]  # (block_n, warps, stages)
+# (block_m, block_n, warps, stages, programs per SM or None = estimate)
+MEM_CANDIDATES = [(16, 64, 4, 2, None), (16, 32, 4, 3, None), (16, 32, 4, 2, None), (16, 16, 4, 4, None),
+                  (16, 64, 8, 2, None)]
 MEM_POINTS = [(16, 1, 16, 4096), (16, 1, 64, 32768), (16, 1, 128, 8192), (16, 1, 64, 4096)]
-COMPUTE_CANDIDATES = [(64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 64, 4, 2), (64, 16, 4, 3),
-                      (64, 32, 8, 3), (128, 32, 8, 2), (64, 64, 8, 1)]  # (block_m, block_n, warps, stages)
+COMPUTE_CANDIDATES = [(64, 64, 8, 2, None), (64, 32, 8, 2, None), (32, 32, 4, 2, None), (32, 64, 4, 2, None),
+                      (32, 32, 4, 1, None), (64, 32, 8, 1, None), (16, 64, 4, 2, None), (32, 16, 4, 3, None)]
 COMPUTE_POINTS = [(128, 1, 64, 4096), (16, 8, 64, 4096), (16, 8, 64, 32768)]
-MID_CANDIDATES = [(32, 64, 4, 2), (32, 64, 4, 3), (32, 32, 4, 3), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2)]
+MID_CANDIDATES = [(32, 64, 4, 2, None), (32, 32, 4, 2, None), (32, 32, 4, 1, None), (64, 64, 8, 2, None),
+                  (16, 64, 4, 2, None)]
 MID_POINTS = [(16, 2, 64, 4096), (16, 4, 64, 4096), (16, 4, 64, 32768)]
 
 
@@ -173,15 +176,19 @@ def _score(configs: list[mla.TritonConfig], points, pool, timer, log) -> tuple[m
                 r = measure_point(pool, h, q, b, l, config=cfg, timer=timer)
                 ts.append(r["triton_us"])
                 table.append(dict(config=dataclasses.asdict(cfg), heads=h, qlen=q, batch=b, context=l,
-                                  us=r["triton_us"], kv_gb_s=r["kv_gb_s"], tflops=r["tflops"]))
+                                  us=r["triton_us"], kv_gb_s=r["kv_gb_s"], tflops=r["tflops"],
+                                  num_splits=r["num_splits"], kernel=mla.compiled_kernel_report()))
             except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: record and skip the config
                 table.append(dict(config=dataclasses.asdict(cfg), error=f"{type(exc).__name__}: {str(exc)[:200]}"))
                 ts = []
                 break
         if ts:
             times[ci] = ts
-            log(f"  tune {cfg.block_m:3d}x{cfg.block_n:3d} w{cfg.num_warps} s{cfg.num_stages} waves {cfg.waves} "
-                f"fused {int(cfg.fused_merge)}: " + " ".join(f"{t:8.1f}" for t in ts) + " us")
+            k = mla.compiled_kernel_report()
+            log(f"  tune {cfg.block_m:3d}x{cfg.block_n:3d} w{cfg.num_warps} s{cfg.num_stages} "
+                f"fused {int(cfg.fused_merge)} res {cfg.resident_per_sm()}: " + " ".join(f"{t:8.1f}" for t in ts)
+                + f" us  [regs {k.get('n_regs')} spills {k.get('n_spills')} smem {k.get('shared_bytes')} "
+                f"wgmma {k.get('wgmma')} mma.sync {k.get('mma_sync')} cp.async {k.get('cp_async')}]")
     if not times:
         raise RuntimeError("no tuning candidate ran")
     best_per_point = [min(ts[i] for ts in times.values()) for i in range(len(points))]
@@ -194,10 +201,10 @@ def _score(configs: list[mla.TritonConfig], points, pool, timer, log) -> tuple[m
 
 def tune(pool: CachePool, timer, log) -> tuple[dict[str, mla.TritonConfig], list[dict]]:
     """Pick one launch configuration per regime (rows per request <= 16, <= 64, > 64)."""
-    mem = [mla.TritonConfig(16, bn, w, st, waves=wv, fused_merge=f)
-           for bn, w, st in MEM_CANDIDATES for wv in (1.0, 2.0, 4.0) for f in (False, True)]
-    compute = [mla.TritonConfig(bm, bn, w, st, waves=wv) for bm, bn, w, st in COMPUTE_CANDIDATES for wv in (1.0, 2.0)]
-    mid = [mla.TritonConfig(bm, bn, w, st, waves=wv) for bm, bn, w, st in MID_CANDIDATES for wv in (1.0, 2.0)]
+    mem = [mla.TritonConfig(bm, bn, w, st, programs_per_sm=r, fused_merge=f)
+           for bm, bn, w, st, r in MEM_CANDIDATES for f in (False, True)]
+    compute = [mla.TritonConfig(bm, bn, w, st, programs_per_sm=r) for bm, bn, w, st, r in COMPUTE_CANDIDATES]
+    mid = [mla.TritonConfig(bm, bn, w, st, programs_per_sm=r) for bm, bn, w, st, r in MID_CANDIDATES]
     chosen, table = {}, []
     for name, cands, pts in (("mem", mem, MEM_POINTS), ("mid", mid, MID_POINTS), ("compute", compute, COMPUTE_POINTS)):
         log(f"tuning '{name}' over {len(cands)} configurations at {len(pts)} points")
@@ -265,7 +272,10 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
     if torch_timer is None and with_torch:
         torch_timer = _eager_timer
     if ceilings is None:
-        ceilings = {"copy": common.copy_bandwidth(), "matmul_bf16": matmul_tflops()}
+        # The matmul first: it takes the clocks out of idle, which an idle-first copy measurement
+        # would otherwise report as the ceiling (seen: 2.7 TB/s cold vs ~4.2 warm).
+        matmul = matmul_tflops()
+        ceilings = {"copy": common.copy_bandwidth(), "matmul_bf16": matmul}
     log(f"copy bandwidth {ceilings['copy']['gb_s']:.0f} GB/s (read + write); "
         f"bf16 matmul {ceilings['matmul_bf16']['tflops']:.0f} TFLOP/s")
     max_rows = max(b * l for (_, _, b, l) in grid + (MEM_POINTS + COMPUTE_POINTS + MID_POINTS if do_tune else []))
@@ -283,6 +293,11 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         t_us = f"{r['torch_us']:9.1f}" if "torch_us" in r else f"{'-':>9}"
         log(f"{h:4d} {q:4d} {b:4d} {l:6d} {r['num_splits']:6d} {r['triton_us']:9.1f} {r['kv_gb_s']:7.0f} "
             f"{r['tflops']:8.1f} {t_us}")
+    if dev.type == "cuda" and "copy_end" not in ceilings:
+        ceilings["copy_end"] = common.copy_bandwidth()  # again at the end: the ceiling is the better of the two
+        log(f"copy bandwidth at the end {ceilings['copy_end']['gb_s']:.0f} GB/s")
+        if ceilings["copy_end"]["gb_s"] > ceilings["copy"]["gb_s"]:
+            ceilings["copy_start"], ceilings["copy"] = ceilings["copy"], ceilings["copy_end"]
     bars = evaluate_bars(results, ceilings["copy"]["gb_s"])
     return dict(
         benchmark="mla_decode", provenance=common.provenance() if dev.type == "cuda" else {},
