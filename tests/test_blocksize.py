@@ -235,8 +235,8 @@ def test_rejects_bad_backends(backends, exc, match):
 
 def test_catalog_versions_differ_exactly_by_the_pr():
     before, after = bs.catalog("0.19"), bs.catalog("0.20")
-    assert set(before) == set(after)
-    changed = {n for n in after if before[n].sizes != after[n].sizes}
+    assert set(after) - set(before) == {"TURBOQUANT"} and set(before) <= set(after)
+    changed = {n for n in before if before[n].sizes != after[n].sizes}
     assert changed == {"ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA"}
     assert before["ROCM_AITER_MLA"].sizes == (1,) and after["ROCM_AITER_MLA"].sizes == (MultipleOf(1),)
     assert after["ROCM_AITER_FA"].reported_name == "FLASH_ATTN"
@@ -264,6 +264,8 @@ def test_get_backend_suggests_close_names():
         bs.get_backend("NOPE_NOTHING_LIKE_IT")
     with pytest.raises(TypeError, match="registry name"):
         bs.get_backend(16)
+    with pytest.raises(ValueError, match="does not exist in vLLM 0.19; it is in the catalog of vLLM 0.20"):
+        bs.get_backend("TURBOQUANT", "0.19")
 
 
 def test_catalog_table_is_generated_from_the_catalog():
@@ -274,7 +276,7 @@ def test_catalog_table_is_generated_from_the_catalog():
         for b in cat.values():
             assert any(line.startswith(f"| `{b.name}` | {b.sizes_text} |") for line in md)
         assert len(bs.catalog_table(version).splitlines()) == len(cat) + 2
-    assert "was 1 (PR #39616)" in bs.catalog_table("0.20")
+    assert "was 1 (PR #39616)" in bs.catalog_table("0.20") and "new in 0.20" in bs.catalog_table("0.20")
 
 
 def test_installed_reader_never_fails():
@@ -420,9 +422,12 @@ def test_matrix_agrees_with_check_spec_decode():
 def test_heatmap_cells_come_from_the_matrix():
     fig = viz.blocksize_heatmap(16)
     assert len(fig.data) == 2
+    cat = bs.catalog("0.20")
+    assert set(fig.data[0].y) == {n for n, b in cat.items() if b.kind == "mla"}
+    assert set(fig.data[0].x) == {n for n, b in cat.items() if b.kind == "full"} - {"TURBOQUANT"}  # in both versions
     for trace, version in zip(fig.data, bs.VLLM_VERSIONS):
-        m = bs.compatibility_matrix(block_sizes=(16,), vllm_version=version)
-        assert list(trace.y) == list(m.targets) and list(trace.x) == list(m.drafts)
+        assert list(trace.x) == list(fig.data[0].x) and list(trace.y) == list(fig.data[0].y)
+        m = bs.compatibility_matrix(list(trace.y), list(trace.x), (16,), version)
         k = m.kernel_block_size[:, :, 0]
         assert np.array_equal(np.asarray(trace.z), np.where(k == 0, 0, np.where(k == 16, 2, 1)))
         assert np.array_equal(np.asarray(trace.text), np.where(k == 0, "✗", k.astype(str)))
@@ -436,7 +441,7 @@ def test_explorer_has_one_precomputed_view_per_block_size():
     buttons = fig.layout.updatemenus[0].buttons
     assert [b.label for b in buttons] == [f"--block-size {n}" for n in sizes]
     assert fig.layout.updatemenus[0].active == 1
-    m = bs.compatibility_matrix(block_sizes=sizes, vllm_version="0.20")
+    m = bs.compatibility_matrix(list(fig.data[1].y), list(fig.data[1].x), sizes, "0.20")
     for k, b in enumerate(buttons):
         text = np.asarray(b.args[0]["text"][1])
         kk = m.kernel_block_size[:, :, k]

@@ -277,19 +277,23 @@ class Backend:
 
 
 _B = "vllm.v1.attention.backends."
-# Declared kernel block sizes in vLLM v0.20.0 (CONTEXT.md section 2, from the v0.20.0 sources).
+# Declared kernel block sizes in vLLM v0.20.0, read from the sources of the released wheel
+# (vllm-0.20.0, vllm/v1/attention/backends/). A backend without its own declaration inherits its base
+# class's: AttentionBackend's default [MultipleOf(1)], or its parent backend's.
 # (name, sizes in docs notation, kind, class path, platform, reported_name, note)
 _DECLARED_0_20: tuple = (
-    ("FLASH_ATTN", "%16", "full", _B + "flash_attn.FlashAttentionBackend", "cuda", None, ""),
+    ("FLASH_ATTN", "%16", "full", _B + "flash_attn.FlashAttentionBackend", "cuda", None,
+     "16, 32, 64 instead for hybrid models with a float32 Mamba cache"),
     ("FLASHINFER", "16, 32, 64", "full", _B + "flashinfer.FlashInferBackend", "cuda", None, ""),
     ("TRITON_ATTN", "%16", "full", _B + "triton_attn.TritonAttentionBackend", "any", None, ""),
     ("TREE_ATTN", "%16", "full", _B + "tree_attn.TreeAttentionBackend", "any", None, ""),
     ("FLEX_ATTENTION", "%1", "full", _B + "flex_attention.FlexAttentionBackend", "any", None,
      "inherits the base class default"),
-    ("FLASH_ATTN_DIFFKV", "%1", "full", _B + "flash_attn_diffkv.FlashAttentionDiffKVBackend", "cuda", None,
-     "inherits the base class default"),
+    ("FLASH_ATTN_DIFFKV", "%16", "full", _B + "flash_attn_diffkv.FlashAttentionDiffKVBackend", "cuda", None,
+     "inherits FLASH_ATTN's declaration"),
     ("CPU_ATTN", "%1", "full", _B + "cpu_attn.CPUAttentionBackend", "cpu", None, "inherits the base class default"),
-    ("TURBOQUANT", "16, 32, 64, 128", "full", _B + "turboquant_attn.TurboQuantAttentionBackend", "any", None, ""),
+    ("TURBOQUANT", "16, 32, 64, 128", "full", _B + "turboquant_attn.TurboQuantAttentionBackend", "any", None,
+     "new in v0.20.0"),
     ("ROCM_ATTN", "%16", "full", _B + "rocm_attn.RocmAttentionBackend", "rocm", None, ""),
     ("ROCM_AITER_FA", "16, 32", "full", _B + "rocm_aiter_fa.AiterFlashAttentionBackend", "rocm", "FLASH_ATTN",
      "the class's get_name() returns 'FLASH_ATTN'"),
@@ -307,11 +311,13 @@ _DECLARED_0_20: tuple = (
      "AITER_TRITON_MLA", "inherits ROCM_AITER_MLA's declaration"),
     ("ROCM_AITER_MLA_SPARSE", "1", "mla", _B + "mla.rocm_aiter_mla_sparse.ROCMAiterMLASparseBackend", "rocm", None, ""),
 )
-# vLLM 0.19 (before PR #39616): the PR's one-line declaration change, and the subclass that inherits it.
+# vLLM 0.19 (v0.19.1 wheel, before PR #39616): the PR's one-line declaration change, the subclass that
+# inherits it, and the one backend that did not exist yet. Every other declaration is the same.
 _CHANGED_IN_0_20 = {
     "ROCM_AITER_MLA": ("1", "declared [1] before PR #39616"),
-    "ROCM_AITER_TRITON_MLA": ("1", "inherits ROCM_AITER_MLA's declaration (inferred: a subclass of AiterMLABackend)"),
+    "ROCM_AITER_TRITON_MLA": ("1", "inherits ROCM_AITER_MLA's declaration"),
 }
+_NEW_IN_0_20 = {"TURBOQUANT"}
 
 
 def _build_catalogs() -> dict[str, dict[str, Backend]]:
@@ -322,7 +328,7 @@ def _build_catalogs() -> dict[str, dict[str, Backend]]:
 
     after = {row[0]: make(row) for row in _DECLARED_0_20}
     before = {row[0]: (make(row, *_CHANGED_IN_0_20[row[0]]) if row[0] in _CHANGED_IN_0_20 else make(row))
-              for row in _DECLARED_0_20}
+              for row in _DECLARED_0_20 if row[0] not in _NEW_IN_0_20}
     return {"0.19": before, "0.20": after}
 
 
@@ -368,6 +374,10 @@ def get_backend(name: str | Backend, vllm_version: str = "0.20") -> Backend:
     key = name.strip().upper().replace("-", "_")
     if key in table:
         return table[key]
+    elsewhere = [v for v in VLLM_VERSIONS if key in _CATALOGS[v]]
+    if elsewhere:
+        raise ValueError(f"attention backend {key!r} does not exist in vLLM {vllm_version}; "
+                         f"it is in the catalog of vLLM {', '.join(elsewhere)}")
     close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ValueError(f"unknown attention backend {name!r} for vLLM {vllm_version}: {hint}"
@@ -384,6 +394,8 @@ def catalog_table(vllm_version: str = "0.20", markdown: bool = False) -> str:
         changed = ""
         if b.name in other and other[b.name].sizes != b.sizes:
             changed = f"{'was' if key == '0.20' else 'becomes'} {other[b.name].sizes_text} (PR #39616)"
+        elif key == "0.20" and b.name not in other:
+            changed = "new in 0.20"
         rows.append((b.name, b.sizes_text, "MLA" if b.kind == "mla" else "standard", b.platform, changed))
     head = ("backend", "kernel block sizes", "attention", "platform", "changed")
     if markdown:
@@ -1001,7 +1013,8 @@ def ask_real_vllm(requests: Sequence[Mapping], timeout: float = 600.0) -> list[d
       are ``backends[i]`` or ``"names"`` when given) go to vLLM's real function;
     * ``{"op": "select_real", "n": 16, "names": ["ROCM_AITER_MLA", "ROCM_ATTN"], "override": {name: entries}}``:
       the real classes, with a subclass overriding one declaration where ``override`` says so;
-    * ``{"op": "read", "names": [...]}``: the declarations of the real classes.
+    * ``{"op": "read", "names": [...]}``: the declarations of the real classes;
+    * ``{"op": "reader"}``: what :func:`read_installed_backends` reports, run in that environment.
 
     Answers are ``{"value": int}``, ``{"error": "ValueError", "message": str}``, or for ``read``
     ``{"sizes": {name: entries}, "failures": {name: reason}, "version": str}``.
@@ -1059,13 +1072,17 @@ def _oracle_main() -> None:
             answers.append(call(req["n"], [stand_in(nm, e) for nm, e in zip(names, req["backends"])]))
         elif op == "select_real":
             classes = []
-            for name in req["names"]:
-                cls = real_class(name)
-                if name in req.get("override", {}):
-                    sizes = [_decode_entry(e, VMultipleOf) for e in req["override"][name]]
-                    cls = type(cls.__name__ + "Override", (cls,), {
-                        "get_supported_kernel_block_sizes": staticmethod(lambda kv_cache_spec=None, s=sizes: list(s))})
-                classes.append(cls)
+            try:
+                for name in req["names"]:
+                    cls = real_class(name)
+                    if name in req.get("override", {}):
+                        sizes = [_decode_entry(e, VMultipleOf) for e in req["override"][name]]
+                        cls = type(cls.__name__ + "Override", (cls,), {"get_supported_kernel_block_sizes":
+                                   staticmethod(lambda kv_cache_spec=None, s=sizes: list(s))})
+                    classes.append(cls)
+            except Exception as exc:  # noqa: BLE001 - a class that does not import here
+                answers.append({"error": "ImportError", "message": f"{name}: {type(exc).__name__}: {exc}"[:300]})
+                continue
             answers.append(call(req["n"], classes))
         elif op == "read":
             sizes, failures = {}, {}
@@ -1077,6 +1094,11 @@ def _oracle_main() -> None:
                     failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
             import vllm
             answers.append({"sizes": sizes, "failures": failures, "version": vllm.__version__})
+        elif op == "reader":  # this module's reader of the installed vLLM, run where vLLM is installed
+            reading = read_installed_backends()
+            answers.append({"available": reading.available, "version": reading.vllm_version,
+                            "sizes": {n: [_encode_entry(x) for x in b.sizes] for n, b in reading.backends.items()},
+                            "failures": dict(reading.failures), "reason": reading.reason})
         else:
             answers.append({"error": "ValueError", "message": f"unknown op {op!r}"})
     sys.__stdout__.write("@@WB-ORACLE@@" + json.dumps(answers) + "\n")

@@ -39,6 +39,14 @@ def _cells(m: blocksize.CompatibilityMatrix, k: int) -> tuple[np.ndarray, np.nda
 
 
 def _matrices(targets, drafts, block_sizes) -> list[blocksize.CompatibilityMatrix]:
+    """One matrix per version over the same axes: by default the backends present in both versions
+    (MLA targets, standard drafts; TURBOQUANT, new in 0.20, is left out so the panels line up)."""
+    cats = [blocksize.catalog(v) for v in VERSIONS]
+    both = [n for n in sorted(cats[-1]) if all(n in c for c in cats)]
+    if targets is None:
+        targets = [n for n in both if cats[-1][n].kind == "mla"]
+    if drafts is None:
+        drafts = [n for n in both if cats[-1][n].kind == "full"]
     return [blocksize.compatibility_matrix(targets, drafts, block_sizes, v) for v in VERSIONS]
 
 
