@@ -232,7 +232,8 @@ def test_build_flat_decode_metadata(as_type):
 
 
 def test_build_flat_decode_metadata_empty():
-    md = E.build_flat_decode_metadata(torch.zeros((0, 2), dtype=torch.int32), torch.zeros(0, dtype=torch.int32), [], 16)
+    md = E.build_flat_decode_metadata(torch.zeros((0, 2), dtype=torch.int32, device=DEV),
+                                      torch.zeros(0, dtype=torch.int32, device=DEV), [], 16)
     assert md.num_reqs == 0 and md.max_qo_len == 0 and md.kv_indices.numel() == 0 and md.kv_indptr.tolist() == [0]
 
 
@@ -306,14 +307,16 @@ def test_validation_errors(case):
     with pytest.raises(exc, match=match):
         E.validate_expand_inputs(block_table, seq_lens, K, **kwargs)
     if isinstance(block_table, torch.Tensor):  # the public entry points check the same things
-        kernel_kwargs = {k: v for k, v in kwargs.items() if k != "num_blocks"}
         with pytest.raises(exc, match=match):
-            E.expand_page_indices(block_table.to(DEV) if block_table.device.type == "cpu" else block_table,
-                                  seq_lens.to(DEV) if seq_lens.device.type == "cpu" else seq_lens, K,
-                                  num_blocks=kwargs.get("num_blocks"),
-                                  **{k: (v.to(DEV) if v.device.type == "cpu" else v) for k, v in kernel_kwargs.items()
-                                     if isinstance(v, torch.Tensor)},
-                                  **{k: v for k, v in kernel_kwargs.items() if not isinstance(v, torch.Tensor)})
+            E.expand_page_indices(_dev(block_table), _dev(seq_lens), K,
+                                  **{k: _dev(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+
+
+def _dev(t: torch.Tensor) -> torch.Tensor:
+    """Move a CPU tensor to the test device keeping its strides (a strided view stays strided); others as they are."""
+    if t.device.type != "cpu":
+        return t
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=DEV).copy_(t)
 
 
 def test_padding_past_used_blocks_is_not_checked():

@@ -277,34 +277,41 @@ def _expand_page_indices_kernel(
     block_table_ptr,  # (num_reqs, max_blocks_per_req) int32/int64 block ids
     block_table_stride,  # elements between consecutive rows of block_table
     seq_lens_ptr,  # (num_reqs,) int32/int64 tokens per request
-    kv_indptr_ptr,  # (num_reqs + 1,) int32 out: cumulative seq_lens (written by chunk-program 0 of each request)
+    kv_indptr_ptr,  # (num_reqs + 1,) int32: out (written by chunk-program 0 of each request), or in if INDPTR_IN
     kv_indices_ptr,  # (>= sum(seq_lens),) int32 out: flat token rows
     K: tl.constexpr,  # kernel block size (tokens per block); constexpr so // and % become shifts or multiplies
     BLOCK_T: tl.constexpr,  # tokens per chunk; chunks are aligned to multiples of BLOCK_T in the OUTPUT
     BLOCK_R: tl.constexpr,  # seq_lens read per step of this request's prefix sum
+    INDPTR_IN: tl.constexpr,  # read start/end from a precomputed kv_indptr instead of summing seq_lens
+    STORE_CACHE: tl.constexpr,  # cache modifier of the index stores ("" default, ".cs" streaming)
 ):
     r = tl.program_id(0)  # request
     c = tl.program_id(1)  # this program's first chunk; it then strides by the grid's second dimension
     n_c = tl.num_programs(1)
 
-    # start = sum(seq_lens[:r]), computed here so the whole expansion is one launch (no separate cumsum).
     # Output positions are int64 so that chunk arithmetic near sum(seq_lens) = 2**31 - 1 cannot wrap;
     # token offsets inside a request stay int32 (cheaper // and %).
-    start = tl.program_id(0).to(tl.int64) * 0
-    for i in range(0, r, BLOCK_R):
-        offs = i + tl.arange(0, BLOCK_R)
-        start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
-    seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+    if INDPTR_IN:
+        start = tl.load(kv_indptr_ptr + r).to(tl.int64)
+        seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
+    else:
+        # start = sum(seq_lens[:r]), computed here so the whole expansion is one launch (no separate cumsum).
+        start = tl.program_id(0).to(tl.int64) * 0
+        for i in range(0, r, BLOCK_R):
+            offs = i + tl.arange(0, BLOCK_R)
+            start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
+        seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
     end = start + seq_len
-    if c == 0:
-        tl.store(kv_indptr_ptr + r + 1, end.to(tl.int32))
-        if r == 0:
-            tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
+    if not INDPTR_IN:
+        if c == 0:
+            tl.store(kv_indptr_ptr + r + 1, end.to(tl.int32))
+            if r == 0:
+                tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
 
     row = block_table_ptr + r.to(tl.int64) * block_table_stride
     lane = tl.arange(0, BLOCK_T)
     # Chunks are aligned to BLOCK_T in the output (not in the request), so every full chunk is an
-    # aligned, unmasked, vectorisable store; only the (at most two) edge chunks of a request are masked.
+    # aligned, unmasked, vectorised (16-byte) store; only the (at most two) edge chunks of a request are masked.
     first = start // BLOCK_T
     last = (end + BLOCK_T - 1) // BLOCK_T
     for chunk in range(first + c, last, n_c):
@@ -313,35 +320,50 @@ def _expand_page_indices_kernel(
         t = off + lane
         dst = kv_indices_ptr + base + lane
         if (off >= 0) & (off + BLOCK_T <= seq_len):
-            blk = tl.load(row + t // K)
-            tl.store(dst, (blk * K + t % K).to(tl.int32))
+            tu = t.to(tl.uint32)  # t >= 0 here: unsigned // and % by the constexpr K are a shift and a mask
+            blk = tl.load(row + tu // K)
+            tl.store(dst, (blk * K + (tu % K).to(tl.int32)).to(tl.int32), cache_modifier=STORE_CACHE)
         else:
             m = (t >= 0) & (t < seq_len)
             blk = tl.load(row + t // K, mask=m, other=0)
-            tl.store(dst, (blk * K + t % K).to(tl.int32), mask=m)
+            tl.store(dst, (blk * K + t % K).to(tl.int32), mask=m, cache_modifier=STORE_CACHE)
 
 
 @dataclasses.dataclass(frozen=True)
 class ExpandConfig:
-    """Launch parameters of :func:`expand_page_indices` (tuned on an H200; see the benchmark)."""
+    """Launch parameters of :func:`expand_page_indices` (chosen from a sweep on an H200; see the benchmark)."""
 
     block_t: int = 1024  # tokens per chunk (power of two)
     num_warps: int = 4
     max_chunk_programs: int = 65535  # cap of the grid's second dimension (CUDA's limit); programs then stride
+    streaming_stores: bool = False  # ".cs" stores (evict-first), for outputs far larger than L2
+
+
+# Output size (bytes) above which index stores stream past L2 (".cs"): the H200's L2 holds 50-60 MB.
+STREAMING_STORE_BYTES = 64 << 20
 
 
 def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
-    """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens."""
-    return ExpandConfig()
+    """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens.
+
+    From the H200 sweep (``workbench bench expand --sweep``): 1024-token chunks and 4 warps were best or
+    within noise of the best at every shape measured (1 x 97k to 512 x 128k); fewer programs that loop
+    (a grid cap) were slower; streaming stores helped only when the output is far larger than L2
+    (512 x 128k: 82 -> 78 us).
+    """
+    streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
+    return ExpandConfig(block_t=1024, num_warps=4, streaming_stores=streaming)
 
 
-def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len, config: ExpandConfig) -> None:
+def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len, config: ExpandConfig,
+                   indptr_in: bool = False) -> None:
     num_reqs = block_table.shape[0]
-    chunks = min(triton.cdiv(max_seq_len, config.block_t) + 1, config.max_chunk_programs)
+    chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t) + 1, config.max_chunk_programs))
     block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
     _expand_page_indices_kernel[(num_reqs, chunks)](
         block_table, block_table.stride(0), seq_lens, kv_indptr, kv_indices,
-        K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, num_warps=config.num_warps,
+        K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, INDPTR_IN=indptr_in,
+        STORE_CACHE=".cs" if config.streaming_stores else "", num_warps=config.num_warps,
     )
 
 
