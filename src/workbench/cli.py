@@ -79,8 +79,39 @@ def _add_catalog(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_bench_expand(sub: argparse._SubParsersAction) -> None:
+    p = _bench_group(sub).add_parser(
+        "expand", help="per-token index expansion: 2-D-grid kernel vs serial loop vs dense torch, vs copy bandwidth")
+    p.add_argument("--out", default="bench_expand.json", help="JSON result path (default: bench_expand.json)")
+    p.add_argument("--sweep", action="store_true", help="also time every launch config in bench.expand.SWEEP")
+    p.add_argument("--no-dense", action="store_true", help="skip the slow dense torch baseline")
+    p.add_argument("--case", action="append", metavar="RxL",
+                   help="batch shape, e.g. 256x4096 (repeatable; default: the five cases of the bars)")
+
+    def run(args: argparse.Namespace) -> int:
+        from workbench.bench import expand as bench_expand
+
+        cases = bench_expand.CASES
+        if args.case:
+            try:
+                cases = tuple((int(r), int(n)) for r, n in (c.lower().split("x") for c in args.case))
+            except ValueError:
+                raise ValueError(f"--case must look like 256x4096 (requests x tokens each), got {args.case!r}") from None
+        try:
+            payload = bench_expand.run(cases, sweep=args.sweep, dense=not args.no_dense, out=args.out)
+        except RuntimeError as exc:  # no GPU, or the interpreter forced on
+            print(f"workbench bench expand: error: {exc}", file=sys.stderr)
+            return 2
+        print(bench_expand.format_table(payload))
+        print(f"\nwrote {args.out}")
+        return 0 if all(b["verdict"] == "PASS" for b in payload["bars"]) else 1
+
+    p.set_defaults(func=run)
+
+
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
-REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog]
+REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog,
+                                                                   _add_bench_expand]
 
 
 def build_parser() -> argparse.ArgumentParser:
