@@ -383,6 +383,32 @@ def test_check_spec_decode_before_and_after():
     assert "group 0 (full_attention, block size 16)" in str(after)
 
 
+@pytest.mark.parametrize("name, want", [
+    ("ROCM_AITER_MLA", 16), ("TRITON_MLA", 16), ("FLASHMLA", 64), ("CUTLASS_MLA", 128), ("FLASHINFER_MLA", 32),
+    ("ROCM_AITER_MLA_SPARSE", 16), ("ROCM_AITER_UNIFIED_ATTN", 64), ("ROCM_AITER_FA", 16),
+])
+def test_preferred_block_size(name, want):
+    assert bs.preferred_block_size(bs.get_backend(name)) == want
+
+
+def test_preferred_block_size_rule_on_plain_lists():
+    assert bs.preferred_block_size([MultipleOf(48)]) == 48 and bs.preferred_block_size([8]) == 16
+    assert bs.preferred_block_size([96, 48]) == 48 and bs.preferred_block_size([]) == 16
+    assert bs.preferred_block_size([MultipleOf(16)], default=32) == 32
+    with pytest.raises(ValueError, match="Unknown supported size"):
+        bs.preferred_block_size([16.0])
+    with pytest.raises(ValueError, match="default=0"):
+        bs.preferred_block_size([16], default=0)
+
+
+def test_check_spec_decode_without_block_size_lets_the_target_choose():
+    r = bs.check_spec_decode("FLASHMLA", "TRITON_ATTN")
+    assert not r.block_size_given and r.kv_manager_block_size == 64 and r.kernel_block_size == 64
+    assert "no --block-size: FLASHMLA picks 64" in r.verdict
+    forced = bs.check_spec_decode("FLASHMLA", "TRITON_ATTN", 16)
+    assert forced.block_size_given and not forced.compatible and forced.error.suggestions[0] == 64
+
+
 def test_check_spec_decode_block_size_one_still_fails_and_splits():
     r = bs.check_spec_decode("ROCM_AITER_MLA", "ROCM_ATTN", 1)
     assert not r.compatible and r.error.suggestions[:2] == (16, 32) and "try --block-size 16" in r.verdict
@@ -402,16 +428,17 @@ def test_check_spec_decode_bad_input(kwargs, match):
 
 
 def test_matrix_agrees_with_check_spec_decode():
-    sizes = (1, 16, 48, 64, 128)
+    sizes = (None, 1, 16, 48, 64, 128)
     for version in bs.VLLM_VERSIONS:
         m = bs.compatibility_matrix(block_sizes=sizes, vllm_version=version)
-        assert m.kernel_block_size.shape == (len(m.targets), len(m.drafts), len(sizes))
+        assert m.kernel_block_size.shape == m.manager_block_size.shape == (len(m.targets), len(m.drafts), len(sizes))
         assert "ROCM_AITER_MLA" in m.targets and "ROCM_ATTN" in m.drafts and "ROCM_ATTN" not in m.targets
         for i, t in enumerate(m.targets):
             for j, d in enumerate(m.drafts):
                 for k, n in enumerate(sizes):
                     r = bs.check_spec_decode(t, d, n, version)
                     assert m.kernel_block_size[i, j, k] == (r.kernel_block_size or 0), (t, d, n, version)
+                    assert m.manager_block_size[i, j, k] == r.kv_manager_block_size
     assert bs.compatibility_matrix(["ROCM_AITER_MLA"], ["ROCM_ATTN"], (16,), "0.19").lookup("ROCM_AITER_MLA", "ROCM_ATTN", 16) == 0
     with pytest.raises(ValueError, match="targets is empty"):
         bs.compatibility_matrix(targets=[])
@@ -436,11 +463,11 @@ def test_heatmap_cells_come_from_the_matrix():
 
 
 def test_explorer_has_one_precomputed_view_per_block_size():
-    sizes = (1, 16, 64)
+    sizes = (None, 1, 16, 64)
     fig = viz.blocksize_explorer(sizes)
     buttons = fig.layout.updatemenus[0].buttons
-    assert [b.label for b in buttons] == [f"--block-size {n}" for n in sizes]
-    assert fig.layout.updatemenus[0].active == 1
+    assert [b.label for b in buttons] == ["no --block-size", "--block-size 1", "--block-size 16", "--block-size 64"]
+    assert fig.layout.updatemenus[0].active == 2
     m = bs.compatibility_matrix(list(fig.data[1].y), list(fig.data[1].x), sizes, "0.20")
     for k, b in enumerate(buttons):
         text = np.asarray(b.args[0]["text"][1])

@@ -13,7 +13,9 @@ The only skip: the vLLM environment could not be created (the reason is stated).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -133,6 +135,8 @@ PR_SCENARIOS = [  # (n, names, override) -> the pre-PR failure, the post-PR answ
 @pytest.fixture(scope="module")
 def real():
     python, reason = bs.vllm_python()
+    if python is None and os.environ.get("WB_VLLM_PYTHON"):
+        pytest.fail(f"WB_VLLM_PYTHON is set but unusable: {reason}")
     if python is None:
         pytest.skip(f"the vLLM conformance environment could not be created: {reason}")
     cases = generate_cases()
@@ -180,6 +184,17 @@ def test_catalog_0_20_matches_the_real_classes(real):
         assert got == want, (name, got, want, "catalog 0.20" if name not in changed else "CHANGED_AFTER_0_20")
     unread_changes = [n for n in changed if n not in read["sizes"]]
     assert not unread_changes, {n: read["failures"].get(n) for n in unread_changes}
+
+
+def test_preferred_block_size_matches_the_real_classes(real):
+    """Without --block-size, vLLM asks the first attention layer's backend: get_preferred_block_size(16)."""
+    read, cat = real["read"], bs.catalog("0.20")
+    compared = 0
+    for name, encoded in read["sizes"].items():
+        model = dataclasses.replace(cat[name], sizes=tuple(decode(e) for e in encoded))  # the installed declaration
+        assert read["preferred"][name] == bs.preferred_block_size(model), name
+        compared += 1
+    assert compared >= 14 and read["preferred"]["ROCM_AITER_MLA"] == 16 and read["preferred"]["FLASHMLA"] == 64
 
 
 def test_installed_reader_reads_what_the_classes_declare(real):

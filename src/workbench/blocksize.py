@@ -77,6 +77,7 @@ __all__ = [
     "kernel_block_ratio",
     "map_to_kernel_blocks",
     "parse_sizes",
+    "preferred_block_size",
     "read_installed_backends",
     "select_common_block_size",
     "select_kernel_block_sizes",
@@ -255,6 +256,8 @@ class Backend:
         platform: ``"cuda"``, ``"rocm"``, ``"cpu"`` or ``"any"`` (where it runs; informational).
         reported_name: what the class's ``get_name()`` returns when it differs from ``name``.
         note: provenance or caveat.
+        preferred: the block size the backend asks for when ``--block-size`` is not given, where it
+            overrides vLLM's default rule (:func:`preferred_block_size`); else ``None``.
     """
 
     name: str
@@ -264,6 +267,7 @@ class Backend:
     platform: str = "any"
     reported_name: str | None = None
     note: str = ""
+    preferred: int | None = None
 
     def get_supported_kernel_block_sizes(self, kv_cache_spec: Any = None) -> list:
         return list(self.sizes)
@@ -298,7 +302,7 @@ _DECLARED_0_20: tuple = (
     ("ROCM_AITER_FA", "16, 32", "full", _B + "rocm_aiter_fa.AiterFlashAttentionBackend", "rocm", "FLASH_ATTN",
      "the class's get_name() returns 'FLASH_ATTN'"),
     ("ROCM_AITER_UNIFIED_ATTN", "%16", "full", _B + "rocm_aiter_unified_attn.RocmAiterUnifiedAttentionBackend",
-     "rocm", None, ""),
+     "rocm", None, "asks for --block-size 64 when none is given"),
     ("FLASHMLA", "64", "mla", _B + "mla.flashmla.FlashMLABackend", "cuda", None, ""),
     ("FLASHMLA_SPARSE", "64", "mla", _B + "mla.flashmla_sparse.FlashMLASparseBackend", "cuda", None, ""),
     ("FLASH_ATTN_MLA", "%16", "mla", _B + "mla.flashattn_mla.FlashAttnMLABackend", "cuda", None, ""),
@@ -318,13 +322,15 @@ _CHANGED_IN_0_20 = {
     "ROCM_AITER_TRITON_MLA": ("1", "inherits ROCM_AITER_MLA's declaration"),
 }
 _NEW_IN_0_20 = {"TURBOQUANT"}
+# Backends that override get_preferred_block_size() (both versions).
+_PREFERRED = {"ROCM_AITER_UNIFIED_ATTN": 64}
 
 
 def _build_catalogs() -> dict[str, dict[str, Backend]]:
     def make(row, sizes_text=None, note=None) -> Backend:
         name, text, kind, path, plat, reported, nt = row
         return Backend(name, tuple(parse_sizes(sizes_text or text)), kind, path, plat, reported,
-                       nt if note is None else note)
+                       nt if note is None else note, _PREFERRED.get(name))
 
     after = {row[0]: make(row) for row in _DECLARED_0_20}
     before = {row[0]: (make(row, *_CHANGED_IN_0_20[row[0]]) if row[0] in _CHANGED_IN_0_20 else make(row))
@@ -382,6 +388,32 @@ def get_backend(name: str | Backend, vllm_version: str = "0.20") -> Backend:
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ValueError(f"unknown attention backend {name!r} for vLLM {vllm_version}: {hint}"
                      f"known backends: {', '.join(sorted(table))}")
+
+
+def preferred_block_size(backend: Any, default: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The manager block size vLLM picks when ``--block-size`` is not given (vLLM 0.19 and 0.20).
+
+    vLLM asks the backend of the first attention layer (the target model's) for its preferred block
+    size: a backend that accepts ``default`` (16) or one of its multiples keeps it; otherwise the
+    smallest declared size or base wins (FLASHMLA ``[64]`` -> 64, CUTLASS_MLA ``[128]`` -> 128). A few
+    backends override the rule (``Backend.preferred``, e.g. ROCM_AITER_UNIFIED_ATTN -> 64). As in
+    vLLM, an int entry counts as accepting its multiples here, because blocks can be split.
+    """
+    default = _check_block_size(default, "default")
+    if isinstance(backend, Backend) and backend.preferred is not None:
+        return backend.preferred
+    name, raw = _describe_backend(backend, 0)
+    sizes = [_normalize_entry(x, f"{name} entry {j}") for j, x in enumerate(raw)]
+    if not sizes:
+        return default
+    bases = []
+    for x in sizes:
+        if not isinstance(x, (int, MultipleOf)):
+            raise ValueError(f"Unknown supported size: {x} (in {name})")
+        bases.append(x.base if isinstance(x, MultipleOf) else x)
+    if any(default % b == 0 for b in bases):
+        return default
+    return min(bases)
 
 
 def catalog_table(vllm_version: str = "0.20", markdown: bool = False) -> str:
@@ -790,7 +822,9 @@ class SpecDecodeReport:
     Attributes:
         target, draft: the two backends (catalog descriptors).
         vllm_version: the catalog used.
-        kv_manager_block_size: ``--block-size`` (16 when not given: vLLM's default).
+        kv_manager_block_size: the manager block size: ``--block-size``, or when it was not given,
+            the target backend's preferred size (:func:`preferred_block_size`; 16 for most).
+        block_size_given: whether ``--block-size`` was given.
         selections: one :class:`GroupSelection` per KV-cache group (here always one group: an MLA
             target and a Llama-style draft have full-attention specs of the same block size).
     """
@@ -799,6 +833,7 @@ class SpecDecodeReport:
     draft: Backend
     vllm_version: str
     kv_manager_block_size: int
+    block_size_given: bool
     selections: tuple[GroupSelection, ...]
 
     @property
@@ -819,7 +854,9 @@ class SpecDecodeReport:
 
     @property
     def verdict(self) -> str:
-        pair = f"{self.target.name} + {self.draft.name} (vLLM {self.vllm_version}, --block-size {self.kv_manager_block_size})"
+        size = (f"--block-size {self.kv_manager_block_size}" if self.block_size_given
+                else f"no --block-size: {self.target.name} picks {self.kv_manager_block_size}")
+        pair = f"{self.target.name} + {self.draft.name} (vLLM {self.vllm_version}, {size})"
         if not self.compatible:
             fix = (f"try --block-size {self.error.suggestions[0]}" if self.error.suggestions
                    else "no --block-size works")
@@ -835,6 +872,7 @@ class SpecDecodeReport:
             "draft": self.draft.name, "draft_sizes": self.draft.sizes_text,
             "vllm_version": self.vllm_version,
             "kv_manager_block_size": self.kv_manager_block_size,
+            "block_size_given": self.block_size_given,
             "compatible": self.compatible,
             "kernel_block_size": self.kernel_block_size,
             "ratio": self.ratio,
@@ -893,32 +931,36 @@ def check_spec_decode(target: str | Backend, draft: str | Backend, block_size: i
 
     Args:
         target, draft: registry names (e.g. ``"ROCM_AITER_MLA"``, ``"ROCM_ATTN"``) or catalog Backends.
-        block_size: ``--block-size`` in tokens; ``None`` means vLLM's default, 16.
+        block_size: ``--block-size`` in tokens; ``None``: not given, so vLLM lets the target's backend
+            (the first attention layer's) choose: :func:`preferred_block_size` (16 for most backends).
         vllm_version: ``"0.19"``, ``"0.20"`` or ``"installed"``.
     """
     t, d, version = _resolve_pair(target, draft, vllm_version)
-    n = DEFAULT_BLOCK_SIZE if block_size is None else _check_block_size(block_size, "block_size")
+    n = preferred_block_size(t) if block_size is None else _check_block_size(block_size, "block_size")
     selections = tuple(select_kernel_block_sizes(_spec_decode_layers(t, d, n)))
-    return SpecDecodeReport(t, d, version, n, selections)
+    return SpecDecodeReport(t, d, version, n, block_size is not None, selections)
 
 
-DEFAULT_MATRIX_BLOCK_SIZES = (1, 16, 32, 64, 128)
+DEFAULT_MATRIX_BLOCK_SIZES = (None, 1, 16, 32, 64, 128)  # None: no --block-size (the target's backend picks)
 
 
 @dataclasses.dataclass(frozen=True)
 class CompatibilityMatrix:
-    """Kernel block sizes for every (target, draft, manager block size).
+    """Kernel block sizes for every (target, draft, ``--block-size``).
 
     Attributes:
-        targets, drafts, block_sizes: the axes.
+        targets, drafts, block_sizes: the axes; a block size of ``None`` means ``--block-size`` not given.
         kernel_block_size: ``(len(targets), len(drafts), len(block_sizes)) int64``; 0 = incompatible.
+        manager_block_size: ``(len(targets), len(drafts), len(block_sizes)) int64``, the manager block
+            size each cell used (the given one, or the target's preferred one for ``None``).
         vllm_version: the catalog used.
     """
 
     targets: tuple[str, ...]
     drafts: tuple[str, ...]
-    block_sizes: tuple[int, ...]
+    block_sizes: tuple[int | None, ...]
     kernel_block_size: np.ndarray
+    manager_block_size: np.ndarray
     vllm_version: str
 
     @property
@@ -926,7 +968,7 @@ class CompatibilityMatrix:
         """``(T, D, S) bool``."""
         return self.kernel_block_size > 0
 
-    def lookup(self, target: str, draft: str, block_size: int) -> int:
+    def lookup(self, target: str, draft: str, block_size: int | None) -> int:
         """The kernel block size of one cell (0: incompatible)."""
         return int(self.kernel_block_size[self.targets.index(target), self.drafts.index(draft),
                                           self.block_sizes.index(block_size)])
@@ -939,20 +981,24 @@ def compatibility_matrix(targets: Sequence[str] | None = None, drafts: Sequence[
     table = catalog(vllm_version)
     targets = tuple(targets) if targets is not None else tuple(sorted(n for n, b in table.items() if b.kind == "mla"))
     drafts = tuple(drafts) if drafts is not None else tuple(sorted(n for n, b in table.items() if b.kind == "full"))
-    block_sizes = tuple(_check_block_size(b, f"block_sizes[{i}]") for i, b in enumerate(block_sizes))
+    block_sizes = tuple(None if b is None else _check_block_size(b, f"block_sizes[{i}]")
+                        for i, b in enumerate(block_sizes))
     for arg, axis in (("targets", targets), ("drafts", drafts), ("block_sizes", block_sizes)):
         if not axis:
             raise ValueError(f"{arg} is empty")
-    out = np.zeros((len(targets), len(drafts), len(block_sizes)), dtype=np.int64)
+    shape = (len(targets), len(drafts), len(block_sizes))
+    out, manager = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
     for i, t in enumerate(targets):
         for j, d in enumerate(drafts):
             tb, db, _ = _resolve_pair(t, d, vllm_version)
-            for k, n in enumerate(block_sizes):
+            for k, given in enumerate(block_sizes):
+                n = preferred_block_size(tb) if given is None else given
                 # Target and draft always form one group (both full-attention type, same block size),
                 # so the group's selection is the selection over the two declarations.
                 chosen = _select(n, [list(tb.sizes), list(db.sizes)])
                 out[i, j, k] = 0 if chosen is None else chosen
-    return CompatibilityMatrix(targets, drafts, block_sizes, out, _catalog_key(vllm_version))
+                manager[i, j, k] = n
+    return CompatibilityMatrix(targets, drafts, block_sizes, out, manager, _catalog_key(vllm_version))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1013,11 +1059,12 @@ def ask_real_vllm(requests: Sequence[Mapping], timeout: float = 600.0) -> list[d
       are ``backends[i]`` or ``"names"`` when given) go to vLLM's real function;
     * ``{"op": "select_real", "n": 16, "names": ["ROCM_AITER_MLA", "ROCM_ATTN"], "override": {name: entries}}``:
       the real classes, with a subclass overriding one declaration where ``override`` says so;
-    * ``{"op": "read", "names": [...]}``: the declarations of the real classes;
+    * ``{"op": "read", "names": [...]}``: the declarations of the real classes, and what each returns
+      from ``get_preferred_block_size(16)``;
     * ``{"op": "reader"}``: what :func:`read_installed_backends` reports, run in that environment.
 
     Answers are ``{"value": int}``, ``{"error": "ValueError", "message": str}``, or for ``read``
-    ``{"sizes": {name: entries}, "failures": {name: reason}, "version": str}``.
+    ``{"sizes": {name: entries}, "failures": {name: reason}, "preferred": {name: int}, "version": str}``.
 
     Raises:
         RuntimeError: no real vLLM is available (the message says why) or the oracle failed.
@@ -1085,15 +1132,20 @@ def _oracle_main() -> None:
                 continue
             answers.append(call(req["n"], classes))
         elif op == "read":
-            sizes, failures = {}, {}
+            sizes, failures, preferred = {}, {}, {}
             for name in req["names"]:
                 try:
                     cls = real_class(name)
                     sizes[name] = [_encode_entry(x) for x in cls.get_supported_kernel_block_sizes()]
+                    try:
+                        preferred[name] = cls.get_preferred_block_size(16)
+                    except Exception as exc:  # noqa: BLE001 - per backend
+                        preferred[name] = f"{type(exc).__name__}: {exc}"[:200]
                 except Exception as exc:  # noqa: BLE001 - per backend
                     failures[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
             import vllm
-            answers.append({"sizes": sizes, "failures": failures, "version": vllm.__version__})
+            answers.append({"sizes": sizes, "failures": failures, "preferred": preferred,
+                            "version": vllm.__version__})
         elif op == "reader":  # this module's reader of the installed vLLM, run where vLLM is installed
             reading = read_installed_backends()
             answers.append({"available": reading.available, "version": reading.vllm_version,

@@ -25,16 +25,17 @@ _LEGEND = "green: kernel block = --block-size · amber: split into smaller kerne
 def _cells(m: blocksize.CompatibilityMatrix, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(z, text, hover)`` for block size index ``k``; each ``(T, D)``."""
     kernel = m.kernel_block_size[:, :, k]
-    n = m.block_sizes[k]
-    z = np.where(kernel == 0, 0, np.where(kernel == n, 2, 1))
+    manager = m.manager_block_size[:, :, k]
+    z = np.where(kernel == 0, 0, np.where(kernel == manager, 2, 1))
     text = np.where(kernel == 0, "✗", kernel.astype(str))
     hover = np.empty(kernel.shape, dtype=object)
     for i, t in enumerate(m.targets):
         for j, d in enumerate(m.drafts):
-            kb = int(kernel[i, j])
+            kb, n = int(kernel[i, j]), int(manager[i, j])
             verdict = "no common block size" if kb == 0 else \
                 f"kernel block {kb}" + ("" if kb == n else f" (each block splits into {n // kb})")
-            hover[i, j] = f"vLLM {m.vllm_version}<br>target {t}<br>draft {d}<br>--block-size {n}: {verdict}"
+            given = f"--block-size {n}" if m.block_sizes[k] is not None else f"no --block-size ({t} picks {n})"
+            hover[i, j] = f"vLLM {m.vllm_version}<br>target {t}<br>draft {d}<br>{given}: {verdict}"
     return z, text, hover
 
 
@@ -73,19 +74,24 @@ def _figure(mats: Sequence[blocksize.CompatibilityMatrix], k: int, title: str) -
     return fig
 
 
-def blocksize_heatmap(block_size: int = blocksize.DEFAULT_BLOCK_SIZE, targets: Sequence[str] | None = None,
+def _label(block_size: int | None) -> str:
+    return "no --block-size" if block_size is None else f"--block-size {block_size}"
+
+
+def blocksize_heatmap(block_size: int | None = blocksize.DEFAULT_BLOCK_SIZE, targets: Sequence[str] | None = None,
                       drafts: Sequence[str] | None = None) -> go.Figure:
     """MLA targets x Eagle3 draft backends at one ``--block-size``, vLLM 0.19 beside 0.20.
 
     Each cell shows the kernel block size vLLM selects for the shared KV-cache group, or ✗.
+    ``block_size=None``: no ``--block-size`` given (each target's backend picks the manager block size).
     """
     mats = _matrices(targets, drafts, (block_size,))
-    return _figure(mats, 0, f"Target x Eagle3 draft at --block-size {block_size}: kernel block size")
+    return _figure(mats, 0, f"Target x Eagle3 draft, {_label(block_size)}: kernel block size")
 
 
-def blocksize_explorer(block_sizes: Sequence[int] = blocksize.DEFAULT_MATRIX_BLOCK_SIZES,
+def blocksize_explorer(block_sizes: Sequence[int | None] = blocksize.DEFAULT_MATRIX_BLOCK_SIZES,
                        targets: Sequence[str] | None = None, drafts: Sequence[str] | None = None,
-                       initial: int = blocksize.DEFAULT_BLOCK_SIZE) -> go.Figure:
+                       initial: int | None = blocksize.DEFAULT_BLOCK_SIZE) -> go.Figure:
     """The heatmap for every block size in ``block_sizes``, switched by a dropdown (works in a static page).
 
     All cells are computed here; the dropdown only swaps precomputed data in the browser.
@@ -100,7 +106,7 @@ def blocksize_explorer(block_sizes: Sequence[int] = blocksize.DEFAULT_MATRIX_BLO
     for k, n in enumerate(sizes):
         cells = [_cells(m, k) for m in mats]
         buttons.append(dict(
-            label=f"--block-size {n}", method="restyle",
+            label=_label(n), method="restyle",
             args=[{"z": [c[0] for c in cells], "text": [c[1] for c in cells], "customdata": [c[2] for c in cells]},
                   list(range(len(mats)))],
         ))
