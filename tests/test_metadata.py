@@ -393,6 +393,9 @@ def test_interleaving_figure_has_a_panel_per_interleaving(replays):
     fig = viz.interleaving_figure(replays)
     buttons = fig.layout.updatemenus[0].buttons
     assert [b.label for b in buttons] == list(M.INTERLEAVINGS)
+    assert buttons[fig.layout.updatemenus[0].active].label == "verify built, decode built, verify runs"  # 1st failing
+    with pytest.raises(ValueError, match="choose one of"):
+        viz.interleaving_figure(replays, active="sideways")
     events = sum(len(t.x) for t in fig.data if t.x and t.x[0] is not None)
     assert events == sum(len(v) for v in replays.values())
 

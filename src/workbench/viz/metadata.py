@@ -60,8 +60,10 @@ def schedule_figure(schedule: PersistentSchedule, title: str | None = None) -> g
     return fig
 
 
-def interleaving_figure(replays: dict[str, Sequence[ReplayEvent]]) -> go.Figure:
+def interleaving_figure(replays: dict[str, Sequence[ReplayEvent]], active: str | None = None) -> go.Figure:
     """Timeline of builds and runs for both designs, one panel per interleaving (dropdown).
+
+    ``active`` is the interleaving shown first; by default the first one in which something went wrong.
 
     Each marker is an event: squares are builds, circles are runs. The label shows the flag the design
     reports for that step at that moment (and, in brackets, the step's own fact); the colour is the
@@ -69,6 +71,11 @@ def interleaving_figure(replays: dict[str, Sequence[ReplayEvent]]) -> go.Figure:
     """
     fig = go.Figure()
     names = list(replays)
+    if active is None:
+        active = next((n for n in names if any(e.outcome not in ("built", "ok") for e in replays[n])), names[0])
+    if active not in replays:
+        raise ValueError(f"active is {active!r}; choose one of {names}")
+    first = names.index(active)
     visibility = []
     for i, name in enumerate(names):
         events = list(replays[name])
@@ -77,7 +84,7 @@ def interleaving_figure(replays: dict[str, Sequence[ReplayEvent]]) -> go.Figure:
             evs = [e for e in events if e.design == design]
             fig.add_trace(go.Scatter(
                 x=[e.t for e in evs], y=[DESIGN_LABELS.get(design, design)] * len(evs), mode="markers+text",
-                name=DESIGN_LABELS.get(design, design), visible=(i == 0), showlegend=False,
+                name=DESIGN_LABELS.get(design, design), visible=(i == first), showlegend=False,
                 marker={"size": 26, "symbol": ["square" if e.action == "build" else "circle" for e in evs],
                         "color": [OUTCOME_COLORS.get(e.outcome, "#000000") for e in evs],
                         "line": {"color": "#333333", "width": 1}},
@@ -103,16 +110,16 @@ def interleaving_figure(replays: dict[str, Sequence[ReplayEvent]]) -> go.Figure:
         vis = [v == i for v in visibility] + [True] * len(OUTCOME_COLORS)
         buttons.append({"label": name, "method": "update",
                         "args": [{"visible": vis}, {"xaxis.tickvals": tv, "xaxis.ticktext": tt}]})
-    tv, tt = ticks(names[0])
+    tv, tt = ticks(active)
     fig.update_layout(
         title={"text": "Builds (squares) and runs (circles); the letter is the flag the design reads (T/F)",
                "y": 0.97},
-        template="plotly_white", width=760, height=380,
+        template="plotly_white", width=760, height=340,
         xaxis={"tickvals": tv, "ticktext": tt, "range": [-0.6, max(len(ticks(n)[0]) for n in names) - 0.4],
                "showgrid": False},
         yaxis={"automargin": True, "autorange": "reversed"},
         updatemenus=[{"buttons": buttons, "direction": "down", "x": 0.0, "xanchor": "left", "y": 1.32,
-                      "yanchor": "top", "active": 0}],
+                      "yanchor": "top", "active": first}],
         margin={"t": 130},
         legend={"orientation": "h", "y": -0.35},
     )
