@@ -421,3 +421,30 @@ def test_bench_cli_without_gpu_says_why(capsys):
     assert "need a CUDA or ROCm GPU" in capsys.readouterr().err
     assert cli.main(["bench", "expand", "--case", "1y100"]) == 2
     assert "--case must look like 256x4096" in capsys.readouterr().err
+
+
+def test_rows_before_offset_wrap():
+    # 2**32 bytes / (576 values * 2 bytes) rows for bf16; twice as many for fp8 (aiter #2768).
+    assert E.rows_before_offset_wrap(2) == 2**32 // 1152 == 3_728_270
+    assert E.rows_before_offset_wrap(1) == 7_456_540
+    assert E.rows_before_offset_wrap(2) * 1152 <= 2**32 < (E.rows_before_offset_wrap(2) + 1) * 1152
+
+
+def test_committed_h200_results_and_figures():
+    from workbench import viz
+    from workbench.bench import expand as B
+    from workbench.viz import expand as V
+
+    results = V.load_expand_results()
+    assert results["provenance"]["device"] == "NVIDIA H200"
+    shapes = {(c["num_reqs"], c["seq_len"]) for c in results["cases"]}
+    assert set(B.CASES) <= shapes
+    for c in results["cases"]:  # the JSON's bytes follow the formula stated in the benchmark
+        assert c["bytes"] == B.expand_bytes([c["seq_len"]] * c["num_reqs"], c["K"])
+    assert [b["verdict"] for b in results["bars"]] == [b["verdict"] for b in B.check_bars(results["cases"])]
+    fig = viz.expand_bench_figure(results)
+    assert len(fig.data) == 8 and len(fig.layout.updatemenus[0].buttons) == 2
+    heat = viz.expansion_figure(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
+    ref, _ = E.expand_page_indices_ref(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
+    labels = [x for row in heat.data[0].text for x in row if x]
+    assert labels == [str(v) for v in ref.tolist()]

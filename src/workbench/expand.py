@@ -29,6 +29,7 @@ import triton.language as tl
 from workbench import device as _device
 
 __all__ = [
+    "AITER_OFFSET_WINDOW_BYTES",
     "INT32_MAX",
     "DecodeMetadata",
     "ExpandConfig",
@@ -39,10 +40,23 @@ __all__ = [
     "expand_page_indices_pre_pr",
     "expand_page_indices_ref",
     "expand_page_indices_serial",
+    "rows_before_offset_wrap",
     "validate_expand_inputs",
 ]
 
 INT32_MAX = 2**31 - 1  # kv_indptr and kv_indices are int32 in aiter's interface
+AITER_OFFSET_WINDOW_BYTES = 2**32  # aiter's asm MLA decode addresses the cache by a 32-bit byte offset (#2768)
+
+
+def rows_before_offset_wrap(kv_bytes_per_elem: int = 2, row_width: int = 576) -> int:
+    """Flat cache rows addressable before a 32-bit byte offset from the cache base wraps.
+
+    aiter issue #2768 (and #5765 for the kernel variants PR #4156 did not fix): the asm MLA decode
+    computes ``row * row_width * bytes`` in 32 bits, so rows at or beyond this count read the wrong
+    memory, silently. bf16 (2 bytes) x 576 -> 3,728,270 rows; fp8 -> 7,456,540. Far below
+    :data:`INT32_MAX`: the int32 ``kv_indices`` are not the binding limit, the byte offset is.
+    """
+    return AITER_OFFSET_WINDOW_BYTES // (row_width * kv_bytes_per_elem)
 
 
 @dataclasses.dataclass

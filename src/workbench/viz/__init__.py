@@ -55,4 +55,5 @@ setup_renderer()
 # Figures, one submodule per topic (re-exported; keep this list in the order of the book).
 from workbench.viz.roofline import roofline_figure  # noqa: E402
 from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, blocksize_widget  # noqa: E402
+from workbench.viz.expand import expand_bench_figure, expansion_figure  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
