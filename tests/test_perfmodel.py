@@ -395,3 +395,17 @@ def test_published_serial_expansion_beside_modelled_attention():
     full = P.serial_expansion_published(P.predict_published().target)
     assert 0 < full["expand_vs_verify"] < full["expand_vs_attention"]
     assert dep.hardware.name == "MI355X"
+
+
+def test_gap_diagnostics_reconcile_each_published_figure():
+    pr = P.predict_published()
+    gaps = pr.gaps()
+    assert len(gaps) == 10
+    for g, r in zip(gaps, pr.predicted_rows):
+        s = pr.steps[(r.column, r.concurrency)]
+        # the published figure, recomputed two ways: the implied step at the model's tokens per step,
+        # and the model's step at the implied tokens per step
+        assert P.throughput_per_gpu(r.concurrency, s.tokens_per_step, g["published_step_ms"], 4) == pytest.approx(r.published)
+        assert P.throughput_per_gpu(r.concurrency, g["implied_tokens_per_step"], s.step_ms, 4) == pytest.approx(r.published)
+        assert g["missing_ms"] == pytest.approx(g["published_step_ms"] - s.step_ms)
+        assert g["missing_ms_per_draft"] == pytest.approx(g["missing_ms"] / 7)

@@ -487,6 +487,39 @@ def _lstsq_nonneg(columns: list[list[float]], y: list[float], w: list[float]) ->
     return best
 
 
+_GAMMA_GRID = tuple(i / 1000 for i in range(50, 1501))  # power-law exponents tried, step 0.001
+
+
+def _fit_power(n_tokens: Sequence[float], y: Sequence[float], w: Sequence[float]) -> tuple[float, float, float]:
+    """``fixed + token * n**gamma`` (``fixed, token >= 0``) by weighted least squares for every gamma of the
+    grid at once; returns the best ``(fixed, token, gamma)`` (first one on ties)."""
+    import numpy as np
+
+    g = np.array(_GAMMA_GRID)[:, None]
+    x = np.array(n_tokens, dtype=float)[None, :] ** g  # (G, n)
+    w2 = np.array(w, dtype=float) ** 2
+    yv = np.array(y, dtype=float)
+    s1, sx, sxx = w2.sum(), (w2 * x).sum(1), (w2 * x * x).sum(1)
+    sy, sxy = (w2 * yv).sum(), (w2 * x * yv).sum(1)
+    det = s1 * sxx - sx * sx
+    with np.errstate(divide="ignore", invalid="ignore"):
+        token = np.where(det > 0, (s1 * sxy - sx * sy) / det, -1.0)
+        fixed = np.where(det > 0, (sy - token * sx) / s1, -1.0)
+        cands = [(fixed, token),  # interior
+                 (np.full_like(sx, sy / s1), np.zeros_like(sx)),  # token = 0
+                 (np.zeros_like(sx), np.where(sxx > 0, sxy / sxx, 0.0))]  # fixed = 0
+    best_res = np.full(sx.shape, np.inf)
+    best_f, best_t = np.zeros_like(sx), np.zeros_like(sx)
+    for f, t in cands:
+        ok = (f >= 0) & (t >= 0)
+        res = (w2 * (f[:, None] + t[:, None] * x - yv) ** 2).sum(1)
+        better = ok & (res < best_res - 1e-15)
+        best_res = np.where(better, res, best_res)
+        best_f, best_t = np.where(better, f, best_f), np.where(better, t, best_t)
+    i = int(np.argmin(best_res))
+    return float(best_f[i]), float(best_t[i]), _GAMMA_GRID[i]
+
+
 def no_spec_step_ms(concurrency: Sequence[int], tok_s_per_gpu: Sequence[float], tp: int) -> list[float]:
     """Step time implied by a no-speculation throughput: ``concurrency / (tp * tok_s_per_gpu)`` (one token
     per request per step)."""
@@ -526,13 +559,7 @@ def fit_target_step(concurrency: Sequence[int], no_spec_tok_s_per_gpu: Sequence[
     rest = [s - a for s, a in zip(step, attn)]
     w = [1.0 / s for s in step]
     if law == "power":
-        best = None
-        for i in range(50, 1501):
-            g = i / 1000
-            (fixed, token), res = _lstsq_nonneg([[1.0] * len(concurrency), [c ** g for c in concurrency]], rest, w)
-            if best is None or res < best[0] - 1e-15:
-                best = (res, fixed, token, g)
-        _, fixed, token, g = best
+        fixed, token, g = _fit_power(concurrency, rest, w)
         fitted: TokenLaw = PowerLaw(fixed, token, g)
     elif law == "coverage":
         arch = deployment.arch
@@ -825,6 +852,25 @@ class Prediction:
     def records(self) -> list[dict[str, Any]]:
         return [dict(column=r.column, concurrency=r.concurrency, published=r.published, predicted=r.predicted,
                      error=r.error, fitted=r.fitted) for r in self.rows]
+
+    def gaps(self) -> list[dict[str, float]]:
+        """Diagnostics of each predicted row (nothing here feeds back into the model).
+
+        ``published_step_ms``: the step time the published throughput implies *if* a step yields the
+        model's tokens per step (``c * tokens / (tp * thr)``); ``missing_ms``: that minus the modelled
+        step; ``missing_ms_per_draft``: the same spread over the ``k`` draft forwards;
+        ``implied_tokens_per_step``: the tokens per step that would reconcile the published throughput
+        with the modelled step time (``thr * tp * step / c``).
+        """
+        out = []
+        for r in self.predicted_rows:
+            s = self.steps[(r.column, r.concurrency)]
+            pub_step = r.concurrency * s.tokens_per_step / (s.tp * r.published) * 1e3
+            out.append(dict(column=r.column, concurrency=r.concurrency, model_step_ms=s.step_ms,
+                            published_step_ms=pub_step, missing_ms=pub_step - s.step_ms,
+                            missing_ms_per_draft=(pub_step - s.step_ms) / s.k,
+                            implied_tokens_per_step=r.published * s.tp * s.step_ms * 1e-3 / r.concurrency))
+        return out
 
     def format(self, tolerance: float = 0.10) -> str:
         """A text table: column, concurrency, published, predicted, error, and the verdict per row."""
