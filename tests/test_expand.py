@@ -185,14 +185,6 @@ else:  # pragma: no cover
 # ----------------------------------------------------------------------------------------------
 
 
-def test_split_block_table_matches_hybrid_rule():
-    table = torch.tensor([[3, 0], [1, 2]])
-    assert E._split_block_table(table, 4, 1).tolist() == [[12, 13, 14, 15, 0, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11]]
-    assert E._split_block_table(table, 4, 2).tolist() == [[6, 7, 0, 1], [2, 3, 4, 5]]
-    with pytest.raises(ValueError, match="must divide kv_manager_block_size"):
-        E._split_block_table(table, 16, 3)
-
-
 @pytest.mark.parametrize("K", KS)
 def test_pre_pr_path_equals_post_pr(K):
     for seed in range(3):

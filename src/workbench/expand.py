@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench import blocksize as _blocksize
 from workbench import device as _device
 
 __all__ = [
@@ -460,20 +461,6 @@ def expand_page_indices(
 # --------------------------------------------------------------------------------------------
 
 
-def _split_block_table(block_table: torch.Tensor, manager_block_size: int, kernel_block_size: int) -> torch.Tensor:
-    """vLLM's hybrid-block split: manager block id ``i`` -> kernel ids ``i*(b//k) + arange(b//k)``.
-
-    ``(num_reqs, n) -> (num_reqs, n * (b // k))``, on the same device (vLLM does this on the host).
-    """
-    if kernel_block_size <= 0 or manager_block_size % kernel_block_size:
-        raise ValueError(
-            f"kernel_block_size {kernel_block_size} must divide kv_manager_block_size size {manager_block_size} evenly"
-        )
-    ratio = manager_block_size // kernel_block_size
-    offs = torch.arange(ratio, dtype=block_table.dtype, device=block_table.device)
-    return (block_table[:, :, None] * ratio + offs).reshape(block_table.shape[0], -1)
-
-
 def expand_page_indices_pre_pr(
     block_table: torch.Tensor, seq_lens: torch.Tensor, kernel_block_size: int, *, validate: bool = True,
     num_blocks: int | None = None,
@@ -482,13 +469,18 @@ def expand_page_indices_pre_pr(
 
     Before vLLM PR #39616, AITER MLA declared kernel block size ``[1]``: the block table
     (manager blocks of ``K`` tokens) was split on the host into a ``K`` times wider table of
-    one-token blocks, and a copy kernel took the first ``seq_lens[r]`` entries of each row.
-    Same arguments and results as :func:`expand_page_indices`; it must give identical indices.
+    one-token blocks (:func:`workbench.blocksize.map_to_kernel_blocks`), and a copy kernel took the
+    first ``seq_lens[r]`` entries of each row. Same arguments and results as
+    :func:`expand_page_indices`; it must give identical indices. Row padding must be non-negative
+    (vLLM pads with 0): the split refuses negative ids anywhere in the table.
     """
     K = _check_kernel_block_size(kernel_block_size)
     if validate:
         validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks)
-    table_k1 = _split_block_table(block_table.cpu(), K, 1).to(block_table.device)  # (num_reqs, max_blocks * K)
+    # vLLM's hybrid-block split (manager blocks of K tokens -> kernel blocks of 1 token), on the host.
+    ratio = _blocksize.kernel_block_ratio(K, 1)
+    table_k1 = _blocksize.map_to_kernel_blocks(block_table.cpu(), ratio).reshape(block_table.shape[0], -1)
+    table_k1 = table_k1.to(block_table.device)  # (num_reqs, max_blocks * K)
     keep = torch.arange(table_k1.shape[1], device=block_table.device)[None, :] < seq_lens[:, None]
     kv_indices = table_k1[keep].to(torch.int32)  # row-major: request 0's tokens, then request 1's, ...
     kv_indptr = torch.zeros(block_table.shape[0] + 1, dtype=torch.int32, device=block_table.device)
