@@ -457,20 +457,40 @@ class TritonConfig:
     num_warps: int
     num_stages: int
     split_overhead_tokens: int = 128  # a program's fixed cost (prologue, partial write) in tokens' worth of time
-    merge_overhead_tokens: int = 64  # the merge's cost (second launch or last-split merge) in tokens' worth
+    merge_overhead_tokens: int = 64  # the merge's fixed cost (a second launch) in tokens' worth of time
+    merge_tokens_per_split: int = 4  # the merge's cost per split (fused: one program reads every partial)
     programs_per_sm: int | None = None  # resident programs per SM; None: estimated from shared memory/registers
     max_splits: int = 128
     merge_block_r: int = 16
     fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
 
     def resident_per_sm(self) -> int:
-        """Programs that fit on one SM at once (an estimate unless ``programs_per_sm`` is set): shared
-        memory holds the q tile and ``num_stages`` KV tiles; registers hold the fp32 accumulator."""
+        """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
+        shared memory of this config's compiled kernel once one was compiled in this process; else an
+        estimate (shared memory: the q tile and one KV tile; registers: the fp32 accumulator + 96)."""
         if self.programs_per_sm is not None:
             return self.programs_per_sm
-        smem = (self.block_m + self.num_stages * self.block_n) * QK_HEAD_DIM * 2
-        regs = (self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 96) * 32 * self.num_warps
-        return max(1, min(232_448 // max(smem, 1), 65_536 // regs, 64 // self.num_warps))
+        seen = _RESOURCES.get((self.block_m, self.block_n, self.num_warps, self.num_stages))
+        if seen is not None:
+            regs_per_thread, smem = seen
+        else:
+            smem = (self.block_m + self.block_n) * QK_HEAD_DIM * 2
+            regs_per_thread = self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 96
+        threads = 32 * self.num_warps
+        return max(1, min(232_448 // max(smem, 1), 65_536 // max(regs_per_thread * threads, 1), 2048 // threads))
+
+
+_RESOURCES: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # config -> (registers/thread, shared bytes)
+
+
+def _record_resources(config: TritonConfig, compiled: Any) -> None:
+    """Remember the compiled kernel's registers and shared memory (GPU only; the interpreter has none)."""
+    n_regs = getattr(compiled, "n_regs", None)
+    smem = getattr(getattr(compiled, "metadata", None), "shared", None)
+    if isinstance(n_regs, int) and isinstance(smem, int) and n_regs > 0:
+        key = (config.block_m, config.block_n, config.num_warps, config.num_stages)
+        old = _RESOURCES.get(key, (0, 0))
+        _RESOURCES[key] = (max(old[0], n_regs), max(old[1], smem))
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -520,6 +540,12 @@ def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
 
 
+def _note_compiled(config: TritonConfig, compiled: Any) -> None:
+    LAST_COMPILED["split"] = compiled
+    if compiled is not None:
+        _record_resources(config, compiled)
+
+
 def _sm_count(dev: torch.device) -> int:
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).multi_processor_count
@@ -533,7 +559,8 @@ def choose_num_splits(num_reqs: int, row_blocks: int, avg_kv_len: float, config:
     With ``s`` splits there are ``P = num_reqs * row_blocks * s`` programs, run in
     ``ceil(P / (sm_count * resident_per_sm))`` waves, each program costing its ``ceil(L / s)`` tokens
     plus a fixed overhead; any ``s > 1`` adds the merge. Pick the ``s`` with the smallest
-    ``waves * (ceil(L / s) + split_overhead) + merge``: one full wave of long programs beats 1.1 waves.
+    ``waves * (ceil(L / s) + split_overhead) + merge(s)``: one full wave of long programs beats 1.1
+    waves. The fused merge's cost grows with ``s`` (one program reads all partials of its rows).
     """
     slots = max(sm_count * config.resident_per_sm(), 1)
     programs = max(num_reqs * row_blocks, 1)
@@ -544,7 +571,7 @@ def choose_num_splits(num_reqs: int, row_blocks: int, avg_kv_len: float, config:
             break
         waves = math.ceil(programs * s / slots)
         cost = waves * (math.ceil(length / s) + config.split_overhead_tokens)
-        cost += config.merge_overhead_tokens if s > 1 else 0
+        cost += config.merge_overhead_tokens + config.merge_tokens_per_split * s if s > 1 else 0
         if cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -582,21 +609,24 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                   D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     grid = (row_blocks, num_splits, num_reqs)
     if num_splits == 1:
-        LAST_COMPILED["split"] = _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr,
-                                       cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=True,
-                                       FUSED_MERGE=False, **common)
+        compiled = _mla_decode_split_kernel[grid](
+            q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr, cache.stride(0), total_rows,
+            scale * _LOG2E, num_splits, DIRECT=True, FUSED_MERGE=False, **common)
+        _note_compiled(cfg, compiled)
         return out, lse
     mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
     if cfg.fused_merge:
         counters = _counter_workspace(q.device, num_reqs * row_blocks)
-        LAST_COMPILED["split"] = _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters,
-                                       cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=False,
-                                       FUSED_MERGE=True, **common)
+        compiled = _mla_decode_split_kernel[grid](
+            q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters, cache.stride(0),
+            total_rows, scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=True, **common)
+        _note_compiled(cfg, compiled)
         return out, lse
-    LAST_COMPILED["split"] = _mla_decode_split_kernel[grid](q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr,
-                                   cache.stride(0), total_rows, scale * _LOG2E, num_splits, DIRECT=False,
-                                   FUSED_MERGE=False, **common)
+    compiled = _mla_decode_split_kernel[grid](
+        q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr, cache.stride(0), total_rows,
+        scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=False, **common)
+    _note_compiled(cfg, compiled)
     merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r),)
     _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
                                          BLOCK_R=cfg.merge_block_r, D_LATENT=KV_LORA_RANK,
