@@ -31,7 +31,7 @@ PR's builder, written from their documentation and described in our own words; i
 from __future__ import annotations
 
 import dataclasses
-import math
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -961,8 +961,6 @@ def stress_test(design: str, *, threads: int = 8, builds_per_thread: int = 10_00
         raise ValueError(f"mode is {mode!r}; choose 'natural' or 'barrier'")
     _int_arg("threads", threads, 1)
     _int_arg("builds_per_thread", builds_per_thread, 0)
-    import random
-
     templates = _stress_templates(seed)
     builder = DESIGNS[design](max_num_reqs=2, max_num_kv_tokens=128, num_units=num_units, num_buffer_sets=threads)
     barrier = threading.Barrier(threads) if mode == "barrier" else None
