@@ -526,18 +526,18 @@ def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows.
 
     Under the interpreter: the smallest legal tiles (``tl.dot`` needs 16 in every dimension).
-    On a GPU: memory-bound shapes (up to 16 rows: 16 heads x qlen 1) use one 16-row tile and many
-    splits; compute-bound ones use 64-row tiles with 8 warps. Measured on an H200 by
-    ``workbench bench decode --tune`` (src/workbench/data/bench_decode_h200.json).
+    On a GPU: the configs ``workbench bench decode --tune`` chose on an H200 (tuning table in
+    src/workbench/data/bench_decode_h200.json): up to 16 rows (16 heads x qlen 1) one 16-row tile with
+    a fused merge; more rows (qlen > 1, or 128 heads) 32-row tiles, several programs per request.
     """
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
                             merge_overhead_tokens=8, programs_per_sm=1, max_splits=4)
-    if rows_per_req <= 16:
-        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, fused_merge=True)
-    if rows_per_req <= 64:
-        return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2)
-    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
+    if rows_per_req <= 16:  # memory-bound: 16-row tile, many splits, the last split merges
+        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, fused_merge=True,
+                            merge_overhead_tokens=0, merge_tokens_per_split=32)
+    # 32 rows x 64 keys, 4 warps: beat 64-row wgmma tiles with 8 warps (spills at 255 registers) on the H200
+    return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2)
 
 
 def _note_compiled(config: TritonConfig, compiled: Any) -> None:

@@ -264,6 +264,17 @@ def copy_bandwidth_wide(nbytes: int = 2 << 30) -> dict[str, float]:
     return {"bytes_per_buffer": nbytes, "time_us": us, "gb_s": 2 * nbytes / (us * 1e-6) / 1e9, "element": "int64"}
 
 
+def read_bandwidth(nbytes: int = 4 << 30) -> dict[str, float]:
+    """Read-only bandwidth: a bf16 ``amax`` over ``nbytes`` (what a decode kernel mostly does: read)."""
+    dev = common.require_gpu()
+    x = torch.randn(nbytes // 2, device=dev, dtype=torch.bfloat16)
+    out = torch.empty((), device=dev, dtype=torch.bfloat16)
+    us = common.time_cuda_graph(lambda: torch.amax(x, dim=0, out=out), graph_reps=5, repeats=20)
+    del x
+    torch.cuda.empty_cache()
+    return {"bytes": nbytes, "time_us": us, "gb_s": nbytes / (us * 1e-6) / 1e9, "op": "torch.amax bf16"}
+
+
 def self_check(config: mla.TritonConfig, rows: int, device: torch.device,
                dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     """The chosen config on a ragged bf16 case against the fp32 golden, with the tolerance rule of the
@@ -312,8 +323,10 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         matmul = matmul_tflops()
         ceilings = {"copy_uint8": common.copy_bandwidth(), "copy_wide": copy_bandwidth_wide(), "matmul_bf16": matmul}
         ceilings["copy"] = max(ceilings["copy_uint8"], ceilings["copy_wide"], key=lambda c: c["gb_s"])
+        ceilings["read_only"] = read_bandwidth()
     log(f"copy bandwidth {ceilings['copy']['gb_s']:.0f} GB/s (read + write; uint8 copy "
-        f"{ceilings.get('copy_uint8', ceilings['copy'])['gb_s']:.0f}); "
+        f"{ceilings.get('copy_uint8', ceilings['copy'])['gb_s']:.0f}); read-only "
+        f"{ceilings.get('read_only', {}).get('gb_s', float('nan')):.0f} GB/s; "
         f"bf16 matmul {ceilings['matmul_bf16']['tflops']:.0f} TFLOP/s")
     max_rows = max(b * l for (_, _, b, l) in grid + (MEM_POINTS + COMPUTE_POINTS + MID_POINTS if do_tune else []))
     pool = CachePool(max_rows, dtype, dev)
