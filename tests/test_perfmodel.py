@@ -409,3 +409,127 @@ def test_gap_diagnostics_reconcile_each_published_figure():
         assert P.throughput_per_gpu(r.concurrency, g["implied_tokens_per_step"], s.step_ms, 4) == pytest.approx(r.published)
         assert g["missing_ms"] == pytest.approx(g["published_step_ms"] - s.step_ms)
         assert g["missing_ms_per_draft"] == pytest.approx(g["missing_ms"] / 7)
+
+
+# ------------------------------------------------------------------------------------------------
+# chapter 6 figures (workbench.viz.throughput)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prediction():
+    return P.predict_published()
+
+
+def test_comparison_figure_shows_every_figure_and_its_error(prediction):
+    from workbench import viz
+
+    fig = viz.comparison_figure(prediction)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [t.name for t in bars] == ["no spec", "BF16 draft", "FP8 draft"]
+    for bar in bars:
+        rows = [r for r in prediction.rows if r.column == bar.name]
+        assert list(bar.y) == pytest.approx([100 * r.error for r in rows])
+    published = {t.name: list(t.y) for t in fig.data if t.type == "scatter" and t.mode == "markers"}
+    assert published["BF16 draft: published"] == list(P.BLOG_MI355X_KIMI.eagle3["BF16 draft"])
+    assert fig.layout.shapes[0].y0 == -10 and fig.layout.shapes[0].y1 == 10  # the +/-10 % band
+    bundle = fig._repr_mimebundle_()
+    assert "Plotly.newPlot" in bundle["text/html"] and "<script src" not in bundle["text/html"]
+
+
+def test_step_breakdown_adds_up(prediction):
+    from workbench import viz
+
+    fig = viz.step_breakdown_figure(prediction)
+    right = [t for t in fig.data if t.type == "bar" and t.xaxis == "x2"]
+    totals = [sum(vals) for vals in zip(*(t.y for t in right))]
+    expect = [prediction.steps[("BF16 draft", c)].step_ms for c in P.BLOG_MI355X_KIMI.concurrency]
+    assert totals == pytest.approx(expect)
+    with pytest.raises(ValueError, match="column='INT4'"):
+        viz.step_breakdown_figure(prediction, "INT4")
+
+
+@pytest.mark.parametrize("vary", ["acceptance", "draft_cost", "concurrency", "k"])
+def test_spec_explorer_slider_steps_hold_the_model(prediction, vary):
+    from workbench import viz
+    from workbench.viz import throughput as T
+
+    fig = viz.spec_explorer(vary, prediction)
+    slider = fig.layout.sliders[0]
+    n_values = {"acceptance": T.ALPHAS, "draft_cost": T.DRAFT_FIXED_MS, "concurrency": T.CONCURRENCIES,
+                "k": T.K_RANGE}[vary]
+    assert len(slider.steps) == len(n_values)
+    # the displayed traces are the active step's arrays
+    active = slider.steps[slider.active].args[0]["y"]
+    assert [list(t.y) for t in fig.data] == [list(y) for y in active]
+    # spot-check the last step's first line against the model directly
+    target, ctx = prediction.target, 1536
+    fixed = P.draft_fixed_ms_from_target(target)
+    v, y0 = n_values[-1], slider.steps[-1].args[0]["y"][0]
+    base = lambda c: P.spec_step(target, None, c, ctx, 0).tok_s_per_gpu  # noqa: E731
+    if vary == "acceptance":
+        expect = P.spec_step(target, P.eagle3_draft("bf16", fixed), 4, ctx, 2, alpha=v).tok_s_per_gpu / base(4)
+        assert y0[1] == pytest.approx(expect)
+    elif vary == "draft_cost":
+        a = P.fit_iid_alpha(RATES)
+        expect = P.spec_step(target, P.eagle3_draft("bf16", v), 4, ctx, 2, alpha=a).tok_s_per_gpu / base(4)
+        assert y0[1] == pytest.approx(expect)
+    elif vary == "concurrency":
+        expect = P.spec_step(target, P.eagle3_draft("bf16", fixed), v, ctx, 2, alpha=0.6).tok_s_per_gpu / base(v)
+        assert y0[1] == pytest.approx(expect)
+    else:
+        expect = P.spec_step(target, P.eagle3_draft("bf16", fixed), 2, ctx, v, alpha=0.6).tok_s_per_gpu / base(2)
+        assert y0[1] == pytest.approx(expect)
+
+
+def test_spec_explorer_refuses_unknown_slider(prediction):
+    from workbench import viz
+
+    with pytest.raises(ValueError, match="vary='alpha'"):
+        viz.spec_explorer("alpha", prediction)
+
+
+def test_power_of_two_cost_heatmap_cells(prediction):
+    from workbench import viz
+
+    fig = viz.power_of_two_cost_figure(prediction, 16, alphas=(0.6, 0.8), draft_fixed_ms=(0.0, 1.0))
+    hm = fig.data[0]
+    r = P.power_of_two_cost(prediction.target, P.eagle3_draft("bf16", 1.0), 16, 1536, alpha=0.6, k_max=15)
+    assert hm.z[1][0] == pytest.approx(100 * r.cost)
+    assert hm.text[1][0] == f"{r.free.k}/{r.restricted.k}"
+    assert all(0 <= z < 100 for row in hm.z for z in row)
+
+
+def test_k_choice_and_trend_and_expansion_figures(prediction):
+    from workbench import viz
+
+    fig = viz.k_choice_figure(prediction.target, prediction.drafts["BF16 draft"], (4, 64))
+    lines = [t for t in fig.data if t.type == "scatter" and t.mode == "lines+markers"]
+    assert [list(t.x) for t in lines] == [list(range(1, 8))] * 2
+    assert list(lines[0].marker.symbol) == ["circle", "circle-open", "circle", "circle-open", "circle-open",
+                                            "circle-open", "circle"]
+    trend = viz.verify_trend_figure(prediction.target)
+    growth = [t for t in trend.data if t.name == "8K: attention part (model)"][0]
+    assert growth.y[0] == 1.0 and growth.y[-1] == pytest.approx(16, rel=1e-3)
+    blog = [t for t in trend.data if t.name.startswith("blog")][0]
+    assert list(blog.y) == pytest.approx([1.0, 2.56 / 0.30])
+    published = P.serial_expansion_published(prediction.target)
+    one = viz.expansion_per_step_figure(None, published)
+    assert len(one.data) == 1 and list(one.data[0].y)[0] == pytest.approx(431.2)
+    rows = [dict(num_reqs=1, seq_len=97_000, serial_us_per_step=175.0, kernel_us_per_step=14.0,
+                 decode_us_per_step=6000.0)]
+    two = viz.expansion_per_step_figure(rows, published)
+    assert len(two.data) == 4 and two.data[1].y[0] == 175.0
+
+
+def test_throughput_widget_reports_the_step(prediction):
+    from workbench import viz
+    from workbench.viz.throughput import throughput_report
+
+    text = throughput_report(prediction.target, k=7, draft_fixed_ms=0.2, concurrency=16)
+    s = P.spec_step(prediction.target, P.eagle3_draft("bf16", 0.2), 16, 1536, 7, rates=RATES)
+    assert f"{s.tok_s_per_gpu:.1f} tok/s/GPU" in text and "k=7, verify qlen 8 (power of two)" in text
+    assert "k capped at 7" in throughput_report(prediction.target, k=12)
+    assert "NOT a power of two" in throughput_report(prediction.target, use_rates=False, alpha=0.7, k=5)
+    box = viz.throughput_widget(prediction)
+    assert len(box.children) == 5
