@@ -19,7 +19,8 @@ from workbench import blocksize
 VERSIONS = ("0.19", "0.20")
 _COLORSCALE = [[0.0, "#d62728"], [0.333, "#d62728"], [0.334, "#ffb000"], [0.666, "#ffb000"],
                [0.667, "#2ca02c"], [1.0, "#2ca02c"]]
-_LEGEND = "green: kernel block = --block-size · amber: split into smaller kernel blocks · red ✗: no common block size"
+_LEGEND = ("rows: target backend · columns: Eagle3 draft backend · cell: kernel block size<br>"
+           "green: = manager block size · amber: split into smaller kernel blocks · red ✗: no common block size")
 
 
 def _cells(m: blocksize.CompatibilityMatrix, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,15 +62,15 @@ def _figure(mats: Sequence[blocksize.CompatibilityMatrix], k: int, title: str) -
         fig.add_trace(go.Heatmap(
             z=z, x=list(m.drafts), y=list(m.targets), text=text, texttemplate="%{text}",
             customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale=_COLORSCALE,
-            zmin=0, zmax=2, showscale=False, xgap=2, ygap=2, name=f"vLLM {m.vllm_version}",
+            zmin=0, zmax=2, showscale=False, xgap=2, ygap=2, name=f"vLLM {m.vllm_version}", textfont={"size": 9},
         ), row=1, col=c)
-    fig.update_xaxes(tickangle=45, tickfont={"size": 10})
-    fig.update_yaxes(title_text="target backend", row=1, col=1, autorange="reversed", tickfont={"size": 10})
+    fig.update_xaxes(tickangle=50, tickfont={"size": 9})
+    fig.update_yaxes(row=1, col=1, autorange="reversed", tickfont={"size": 9})
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(
-        title={"text": f"{title}<br><sup>rows: target backend · columns: Eagle3 draft backend · {_LEGEND}</sup>",
-               "font": {"size": 15}, "y": 0.97},
-        width=980, height=580, template="plotly_white", margin={"t": 130, "b": 150}, font={"size": 11},
+        title={"text": f"{title}<br><sup>{_LEGEND}</sup>", "font": {"size": 13}, "y": 0.97, "x": 0.01},
+        width=760, height=560, template="plotly_white", margin={"t": 125, "b": 140, "l": 150, "r": 10},
+        font={"size": 11},
     )
     return fig
 
@@ -101,7 +102,7 @@ def blocksize_explorer(block_sizes: Sequence[int | None] = blocksize.DEFAULT_MAT
     if initial not in sizes:
         raise ValueError(f"initial={initial} is not one of block_sizes={sizes}")
     k0 = sizes.index(initial)
-    fig = _figure(mats, k0, "Target x Eagle3 draft x --block-size: kernel block size (choose the block size)")
+    fig = _figure(mats, k0, "Target x Eagle3 draft x --block-size (choose the block size)")
     buttons = []
     for k, n in enumerate(sizes):
         cells = [_cells(m, k) for m in mats]
@@ -111,7 +112,7 @@ def blocksize_explorer(block_sizes: Sequence[int | None] = blocksize.DEFAULT_MAT
                   list(range(len(mats)))],
         ))
     fig.update_layout(updatemenus=[dict(buttons=buttons, active=k0, direction="down", x=1.0, xanchor="right",
-                                        y=1.28, yanchor="top", showactive=True)])
+                                        y=1.33, yanchor="top", showactive=True, font={"size": 11})])
     return fig
 
 
