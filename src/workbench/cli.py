@@ -5,7 +5,8 @@ Subcommands (each registered by one ``_add_*`` function below; keep them in the 
 * ``workbench info``            where code runs here (``workbench.device.describe()``)
 * ``workbench check``           target + Eagle3 draft: their common kernel block size (``workbench.blocksize``)
 * ``workbench catalog``         the backends' declared kernel block sizes, as the docs table
-* ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance)
+* ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance):
+  ``bench decode`` (MLA decode, ``workbench.bench.decode``)
 
 Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage.
 """
@@ -109,9 +110,29 @@ def _add_bench_expand(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_bench_decode(sub: argparse._SubParsersAction) -> None:
+    p = _bench_group(sub).add_parser(
+        "decode", help="MLA decode: Triton kernel vs torch path vs copy bandwidth and matmul rate; bars PASS/MISS")
+    p.add_argument("--out", default="bench_decode.json", help="JSON result path (default: bench_decode.json)")
+    p.add_argument("--tune", action="store_true", help="first time a few launch configs per regime and use the best")
+    p.add_argument("--quick", action="store_true", help="only the points the bars need")
+    p.add_argument("--no-torch", action="store_true", help="skip the (slow) torch path")
+
+    def run(args: argparse.Namespace) -> int:
+        from workbench.bench import decode as bench_decode
+
+        try:
+            return bench_decode.main(args)
+        except RuntimeError as exc:  # no GPU, or the interpreter forced on
+            print(f"workbench bench decode: error: {exc}", file=sys.stderr)
+            return 2
+
+    p.set_defaults(func=run)
+
+
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
 REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog,
-                                                                   _add_bench_expand]
+                                                                   _add_bench_expand, _add_bench_decode]
 
 
 def build_parser() -> argparse.ArgumentParser:
