@@ -63,6 +63,7 @@ __all__ = [
     "TinyMLA",
     "TinyMLAConfig",
     "check_lossless",
+    "classify_output",
     "decode",
     "default_prompts",
     "format_guidance",
@@ -492,6 +493,31 @@ def probe_qlen(backend: str, qlens: Iterable[int] = range(1, 17), *, heads: int 
     return ProbeReport(backend, ran, reason, heads, kv_lens, str(dtype).replace("torch.", ""), str(dev), rows)
 
 
+def classify_output(out: torch.Tensor, golden: torch.Tensor, tol: float, num_reqs: int) -> tuple[str, float, float]:
+    """Classify a decode output against the golden: ``(verdict, max_err, max_err_vs_broadcast)``.
+
+    ``out`` and ``golden`` are ``(num_reqs * qlen, H, 512)`` (uniform query length). ``"ok"`` when
+    ``max |out - golden| <= tol``; ``"broadcast-fault"`` when not, but ``out`` equals the golden's
+    position-0 row of each request copied to every position (within ``tol``; needs ``qlen > 1``);
+    ``"wrong"`` otherwise, and always when ``out`` holds NaN.
+    """
+    if out.shape != golden.shape or out.shape[0] % num_reqs:
+        raise ValueError(f"out {tuple(out.shape)} and golden {tuple(golden.shape)} must match and split into "
+                         f"{num_reqs} requests of one query length")
+    qlen = out.shape[0] // num_reqs
+    o, g = out.float(), golden.float()
+    bcast = g.view(num_reqs, qlen, *g.shape[1:])[:, :1].expand(-1, qlen, *g.shape[1:]).reshape(g.shape)
+    if torch.isnan(o).any():
+        return "wrong", float("nan"), float("nan")
+    err = (o - g).abs().max().item() if o.numel() else 0.0
+    err_b = (o - bcast).abs().max().item() if o.numel() else 0.0
+    if err <= tol:
+        return "ok", err, err_b
+    if qlen > 1 and err_b <= tol:
+        return "broadcast-fault", err, err_b
+    return "wrong", err, err_b
+
+
 def _probe_rows(backend: str, qlens: list[int], heads: int, num_reqs: int, kv_lens: list[int], dtype: torch.dtype,
                 dev: torch.device, sm_scale: float | None, seed: int) -> tuple[list[ProbeRow], str, str]:
     rows, ran, reason = [], backend, ""
@@ -509,18 +535,7 @@ def _probe_rows(backend: str, qlens: list[int], heads: int, num_reqs: int, kv_le
         same, _ = mla.mla_decode_torch(q, cache, md.qo_indptr, md.kv_indptr, md.kv_indices, sm_scale, qlen, max(kv_lens))
         floor = 2 * torch.finfo(dtype).eps * max(1.0, gold.abs().max().item()) + 1e-5
         tol = 2 * (same.float() - gold).abs().max().item() + floor
-        out = res.out.float()
-        bcast = gold.view(num_reqs, qlen, heads, -1)[:, :1].expand(-1, qlen, -1, -1).reshape(gold.shape)
-        err = (out - gold).abs().max().item()
-        err_b = (out - bcast).abs().max().item()
-        if torch.isnan(out).any():
-            err = err_b = float("nan")
-        if err <= tol:
-            verdict = "ok"
-        elif qlen > 1 and err_b <= tol:
-            verdict = "broadcast-fault"
-        else:
-            verdict = "wrong"
+        verdict, err, err_b = classify_output(res.out, gold, tol, num_reqs)
         rows.append(ProbeRow(qlen, is_pow2(qlen), err, err_b, tol, verdict, ms))
     return rows, ran, reason
 
