@@ -56,5 +56,6 @@ setup_renderer()
 from workbench.viz.roofline import roofline_figure  # noqa: E402
 from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, blocksize_widget  # noqa: E402
 from workbench.viz.expand import expand_bench_figure, expansion_figure  # noqa: E402
+from workbench.viz.mla import decode_bandwidth_figure, decode_roofline_figure  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
 from workbench.viz.throughput import comparison_figure, expansion_per_step_figure, k_choice_figure, power_of_two_cost_figure, spec_explorer, step_breakdown_figure, throughput_widget, verify_trend_figure  # noqa: E402,E501

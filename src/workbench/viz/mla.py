@@ -1,0 +1,119 @@
+"""Chapter 3: the MLA decode roofline with measured points and peers, and the bandwidth sweep.
+
+Data: ``workbench/data/bench_decode_h200.json`` (written by ``workbench bench decode``). The roofs are
+the ceilings measured in the same run (copy bandwidth, bf16 matmul) and, dashed, the H200 datasheet.
+Peers are published or previously measured numbers (shared/CONTEXT.md sections 4-5), converted to
+TFLOP/s at the intensity of their shape, so every marker sits on one chart.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from workbench import perfmodel
+
+__all__ = ["PEERS", "decode_bandwidth_figure", "decode_roofline_figure", "load_decode_results"]
+
+DATA_FILE = "bench_decode_h200.json"
+
+# (label, heads, qlen, value, unit, source). GB/s values are KV-read bandwidth at 16 heads, qlen 1.
+PEERS: list[tuple[str, int, int, float, str, str]] = [
+    ("vLLM 0.20 TRITON_MLA, B=16 L=4k", 16, 1, 396, "GB/s", "H200, measured (CONTEXT 5)"),
+    ("vLLM 0.20 TRITON_MLA, B=128 L=8k", 16, 1, 1415, "GB/s", "H200, measured (CONTEXT 5)"),
+    ("vLLM 0.20 TRITON_MLA, B=64 L=32k", 16, 1, 1388, "GB/s", "H200, measured (CONTEXT 5)"),
+    ("vLLM 0.20 TRITON_MLA, 128 heads B=64 L=4k", 128, 1, 48, "TFLOP/s", "H200, measured (CONTEXT 5)"),
+    ("plain split-KV Triton, B=64 L=32k", 16, 1, 3850, "GB/s", "H200, measured (CONTEXT 5)"),
+    ("plain split-KV Triton, B=16 L=4k", 16, 1, 1470, "GB/s", "H200, measured (CONTEXT 5)"),
+    ("plain split-KV Triton, 128 heads B=64 L=4k", 128, 1, 168, "TFLOP/s", "H200, measured (CONTEXT 5)"),
+    ("FlashMLA memory-bound (H800)", 16, 1, 3000, "GB/s", "FlashMLA README (H800, not H200)"),
+    ("FlashMLA compute-bound (H800)", 128, 1, 620, "TFLOP/s", "FlashMLA README, 580-660 (H800, not H200)"),
+]
+
+GROUP_COLORS = {(16, 1): "#1f77b4", (16, 2): "#17becf", (16, 4): "#2ca02c", (16, 6): "#bcbd22", (16, 8): "#ff7f0e",
+                (128, 1): "#d62728", (128, 2): "#e377c2", (128, 4): "#9467bd", (128, 6): "#8c564b",
+                (128, 8): "#7f7f7f"}
+
+
+def load_decode_results(path: str | None = None) -> dict[str, Any] | None:
+    """The committed benchmark JSON (or ``path``); ``None`` if there is none yet."""
+    if path is not None:
+        with open(path) as f:
+            return json.load(f)
+    res = resources.files("workbench") / "data" / DATA_FILE
+    if not res.is_file():
+        return None
+    return json.loads(res.read_text())
+
+
+def _intensity(heads: int, qlen: int, context: int = 8192) -> float:
+    """FLOP per KV byte (the benchmark's convention: bytes = KV rows only)."""
+    return 2 * heads * qlen * (perfmodel.QK_HEAD_DIM + perfmodel.KV_LORA_RANK) / (perfmodel.QK_HEAD_DIM * 2)
+
+
+def decode_roofline_figure(data: dict[str, Any] | None = None) -> go.Figure:
+    """Log-log roofline: measured ceilings (solid), H200 datasheet (dashed), every measured point by
+    (heads, qlen), and the peers (open symbols)."""
+    data = data if data is not None else load_decode_results()
+    hw = perfmodel.HARDWARE["H200"]
+    x = np.logspace(0.5, 3.5, 200)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=np.minimum(hw.bf16_tflops, x * hw.bandwidth_tb_s), mode="lines",
+                             name="H200 datasheet roof", line={"color": "#999", "dash": "dash"}))
+    if data:
+        bw = data["ceilings"]["copy"]["gb_s"] / 1000
+        peak = data["ceilings"]["matmul_bf16"]["tflops"]
+        fig.add_trace(go.Scatter(x=x, y=np.minimum(peak, x * bw), mode="lines", line={"color": "#333"},
+                                 name=f"measured roof: copy {bw:.2f} TB/s, matmul {peak:.0f} TFLOP/s"))
+        groups: dict[tuple[int, int], list[dict]] = {}
+        for r in data["results"]:
+            groups.setdefault((r["heads"], r["qlen"]), []).append(r)
+        for (h, q), rows in sorted(groups.items()):
+            fig.add_trace(go.Scatter(
+                x=[r["intensity_flop_per_byte"] for r in rows], y=[r["tflops"] for r in rows], mode="markers",
+                name=f"this kernel: H={h}, qlen={q}", marker={"color": GROUP_COLORS.get((h, q), "#000"), "size": 7},
+                text=[f"B={r['batch']} L={r['context']}: {r['triton_us']:.1f} us, {r['kv_gb_s']:.0f} GB/s" for r in rows],
+                hovertemplate="%{text}<br>%{y:.0f} TFLOP/s<extra></extra>"))
+    px, py, labels = [], [], []
+    for label, h, q, value, unit, source in PEERS:
+        ai = _intensity(h, q)
+        px.append(ai)
+        py.append(value * ai / 1000 if unit == "GB/s" else value)
+        labels.append(f"{label} ({value:g} {unit}; {source})")
+    fig.add_trace(go.Scatter(x=px, y=py, mode="markers", name="peers (hover for source)", text=labels,
+                             marker={"symbol": "diamond-open", "size": 10, "color": "#444"},
+                             hovertemplate="%{text}<extra></extra>"))
+    title = "MLA decode on H200: measured points, roofs and peers"
+    if not data:
+        title += " (no measurements committed yet)"
+    fig.update_layout(title=title, xaxis={"type": "log", "title": "FLOP per KV byte"},
+                      yaxis={"type": "log", "title": "TFLOP/s"}, width=780, height=480, template="plotly_white",
+                      legend={"font": {"size": 10}})
+    return fig
+
+
+def decode_bandwidth_figure(data: dict[str, Any] | None = None, heads: int = 16, qlen: int = 1) -> go.Figure:
+    """Effective KV-read bandwidth against context, one line per batch size, with the copy ceiling."""
+    data = data if data is not None else load_decode_results()
+    fig = go.Figure()
+    if data:
+        rows = [r for r in data["results"] if r["heads"] == heads and r["qlen"] == qlen]
+        for b in sorted({r["batch"] for r in rows}):
+            pts = sorted((r for r in rows if r["batch"] == b), key=lambda r: r["context"])
+            fig.add_trace(go.Scatter(x=[r["context"] for r in pts], y=[r["kv_gb_s"] for r in pts],
+                                     mode="lines+markers", name=f"Triton, B={b}"))
+            torch_pts = [r for r in pts if "torch_kv_gb_s" in r]
+            if torch_pts:
+                fig.add_trace(go.Scatter(x=[r["context"] for r in torch_pts], y=[r["torch_kv_gb_s"] for r in torch_pts],
+                                         mode="lines+markers", line={"dash": "dot"}, name=f"torch path, B={b}"))
+        copy = data["ceilings"]["copy"]["gb_s"]
+        fig.add_hline(y=copy, line={"color": "#333"}, annotation_text=f"copy {copy:.0f} GB/s (same run)")
+        fig.add_hline(y=0.9 * copy, line={"color": "#333", "dash": "dot"}, annotation_text="90 % of copy")
+    fig.update_layout(title=f"KV-read bandwidth, {heads} heads, qlen {qlen}" + ("" if data else " (no data yet)"),
+                      xaxis={"type": "log", "title": "context L (tokens)"}, yaxis={"title": "GB/s"},
+                      width=760, height=440, template="plotly_white", legend={"font": {"size": 10}})
+    return fig
