@@ -7,6 +7,7 @@ Subcommands (each registered by one ``_add_*`` function below; keep them in the 
 * ``workbench catalog``         the backends' declared kernel block sizes, as the docs table
 * ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance):
   ``bench decode`` (MLA decode, ``workbench.bench.decode``)
+* ``workbench probe-qlen``      every query length on one decode backend vs the golden (``workbench.qlen``)
 
 Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage.
 """
@@ -130,9 +131,37 @@ def _add_bench_decode(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_probe_qlen(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "probe-qlen", help="does a decode backend give every query position its own output? (aiter #2720)",
+        description="Decode with every query length (default 1..16) on one backend and compare with the fp32 "
+                    "golden: ok, broadcast-fault (every position got position 0's output, the aiter #2720 "
+                    "symptom) or wrong. Exit 0 all ok, 1 some length not ok, 2 bad usage or backend unavailable.")
+    p.add_argument("--backend", required=True, choices=["triton", "aiter", "aiter-pow2-fault", "torch", "auto"],
+                   help="aiter runs on ROCm only; aiter-pow2-fault is a labelled emulation of the #2720 symptom")
+    p.add_argument("--qlens", default="1-16", help="query lengths, e.g. 1-16 or 3,6,8 (default 1-16)")
+    p.add_argument("--heads", type=int, default=16, help="query heads (aiter: 16 or 128; default 16)")
+    p.add_argument("--kv-len", type=int, default=40, help="keys of the first request (default 40)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def run(args: argparse.Namespace) -> int:
+        from workbench import qlen
+
+        try:
+            report = qlen.probe_qlen(args.backend, qlen.parse_qlens(args.qlens), heads=args.heads, kv_len=args.kv_len)
+        except qlen.BackendUnavailable as exc:
+            print(f"workbench probe-qlen: {exc}", file=sys.stderr)
+            return 2
+        print(report.to_json() if args.json else report)
+        return 0 if report.all_ok else 1
+
+    p.set_defaults(func=run)
+
+
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
 REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog,
-                                                                   _add_bench_expand, _add_bench_decode]
+                                                                   _add_bench_expand, _add_bench_decode,
+                                                                   _add_probe_qlen]
 
 
 def build_parser() -> argparse.ArgumentParser:
