@@ -67,6 +67,7 @@ def test_expected_tokens_from_rates_by_hand():
 
 @pytest.mark.parametrize("rates,k,match", [
     (RATES, 8, "k=8 needs per-position rates"),
+    (RATES, 15, r"k=15 needs per-position rates for positions 1..15, but only 7 were given"),  # chapter 6 cell
     ((0.5, 0.6), None, "non-increasing"),
     ((1.2,), None, r"rates\[0\]=1.2 is not a probability"),
     ((0.5, -0.1), None, r"rates\[1\]"),

@@ -1018,7 +1018,10 @@ def expansion_cost_per_step(expand: dict[str, Any], decode: dict[str, Any], *, l
     ``calls_per_step`` x the measured time of the 2-D-grid kernel and of the serial (v0.20) kernel;
     decode per step = ``layers`` x one decode layer at that batch and context, estimated from the
     measured ``heads``-head qlen-1 decode point nearest in (log batch, log context), scaled by its KV
-    bytes (decode is memory-bound there: its effective KV bandwidth is reused). Returns one dict per case.
+    bytes (decode is memory-bound there: its effective KV bandwidth is reused). Where the case's context
+    exceeds the measured one at the same batch (1 x 97k from 1 x 32k), the kernel's bandwidth would still
+    be rising, so the decode estimate is an upper bound and the expansion's share a lower bound.
+    Returns one dict per case.
     """
     cases = expand.get("cases")
     results = decode.get("results")

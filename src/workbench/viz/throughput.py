@@ -315,7 +315,7 @@ def expansion_per_step_figure(h200_rows: list[dict[str, Any]] | None, published:
 
     cols = 2 if h200_rows else 1
     titles = ["MI355X, ~97k context, concurrency 1"] + (["H200 (measured), per benchmark case"] if h200_rows else [])
-    fig = make_subplots(rows=1, cols=cols, column_widths=[0.35, 0.65] if cols == 2 else None, subplot_titles=titles,
+    fig = make_subplots(rows=1, cols=cols, column_widths=[0.4, 0.6] if cols == 2 else None, subplot_titles=titles,
                         horizontal_spacing=0.1)
     bars = [("serial expansion<br>(published)", published["expand_ms_per_step"], "#d62728"),
             ("MLA attention<br>(model)", published["attention_ms_per_step"], PART_COLORS["attention"])]
@@ -330,13 +330,13 @@ def expansion_per_step_figure(h200_rows: list[dict[str, Any]] | None, published:
         xs = [f"{r['num_reqs']} x {r['seq_len'] // 1000}k" for r in h200_rows]
         for key, name, color in (("serial_us_per_step", "serial kernel (v0.20) x calls", "#d62728"),
                                  ("kernel_us_per_step", "2-D-grid kernel x calls", "#2ca02c"),
-                                 ("decode_us_per_step", "MLA decode, all layers", PART_COLORS["attention"])):
+                                 ("decode_us_per_step", "MLA decode x 61 layers (scaled)", PART_COLORS["attention"])):
             fig.add_trace(go.Bar(x=xs, y=[r[key] for r in h200_rows], name=name, marker={"color": color},
                                  hovertemplate=f"{name}: %{{y:,.1f}} us per step<extra></extra>"), row=1, col=2)
         fig.update_yaxes(type="log", row=1, col=2)
     fig.update_yaxes(type="log", title_text="us per engine step", range=[1, math.log10(top) + 0.5], row=1, col=1)
     return _layout(fig, "The per-token index expansion per step, beside the decode it feeds",
-                   width=960 if cols == 2 else 640, height=440, barmode="group")
+                   width=1020 if cols == 2 else 640, height=460, barmode="group")
 
 
 # ------------------------------------------------------------------------------------------------
