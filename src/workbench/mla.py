@@ -44,6 +44,7 @@ __all__ = [
     "MAX_QLEN",
     "QK_HEAD_DIM",
     "QK_ROPE_HEAD_DIM",
+    "DecodeExample",
     "DecodeOutput",
     "PageIndexMistake",
     "TritonConfig",
@@ -52,6 +53,7 @@ __all__ = [
     "choose_num_splits",
     "default_sm_scale",
     "demo_page_indices_as_token_indices",
+    "make_decode_example",
     "mla_decode",
     "mla_decode_aiter",
     "mla_decode_paged_ref",
@@ -946,3 +948,52 @@ def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int,
         kv_indices_flat=md.kv_indices[: min(6, seq_lens[0])].tolist(),
         kv_indices_pages=block_table[0, : pages_per_req[0]].tolist(),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# A small example batch (for chapters and quick checks)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DecodeExample:
+    """A paged cache with a permuted block table, its flat metadata, and the query."""
+
+    q: torch.Tensor  # (total_q, H, 576)
+    kv_cache: torch.Tensor  # [num_blocks, K, 576]; rows no request owns are NaN (row 0 / block 0 reserved)
+    block_table: torch.Tensor  # (num_reqs, max_blocks) int32
+    seq_lens: torch.Tensor  # (num_reqs,) int32
+    metadata: DecodeMetadata  # from workbench.expand.build_flat_decode_metadata
+
+    @property
+    def flat_cache(self) -> torch.Tensor:
+        """The page_size-1 view ``[num_blocks * K, 1, 1, 576]`` aiter reads (no copy)."""
+        return self.kv_cache.view(-1, 1, 1, QK_HEAD_DIM)
+
+
+def make_decode_example(query_lens: list[int], seq_lens: list[int], heads: int, kernel_block_size: int, *,
+                        dtype: torch.dtype = torch.float32, device_: str | torch.device = "cpu",
+                        seed: int = 0) -> DecodeExample:
+    """Random q and KV for a batch: blocks handed out in a random order (block 0 never), every slot no
+    request owns filled with NaN so that a stray read shows up, and the flat metadata built by
+    ``workbench.expand.build_flat_decode_metadata``."""
+    from workbench.expand import build_flat_decode_metadata  # noqa: PLC0415
+
+    K = kernel_block_size
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-n // K) for n in seq_lens]
+    num_blocks = 1 + sum(pages) + 2
+    cache = torch.full((num_blocks, K, QK_HEAD_DIM), float("nan"))
+    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
+    block_table = torch.zeros(len(seq_lens), max(pages + [1]), dtype=torch.int32)
+    for r, (n, p) in enumerate(zip(seq_lens, pages)):
+        ids, perm = perm[:p], perm[p:]
+        block_table[r, :p] = torch.tensor(ids, dtype=torch.int32)
+        t = torch.arange(n)
+        cache[torch.tensor(ids, dtype=torch.long)[t // K], t % K] = torch.randn(n, QK_HEAD_DIM, generator=g)
+    q = torch.randn(sum(query_lens), heads, QK_HEAD_DIM, generator=g)
+    dev = torch.device(device_)
+    seq = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    bt = block_table.to(dev)
+    md = build_flat_decode_metadata(bt, seq, list(query_lens), K)
+    return DecodeExample(q.to(dtype).to(dev), cache.to(dtype).to(dev), bt, seq, md)
