@@ -440,3 +440,35 @@ def test_bench_decode_bars_logic():
     assert bars["16 heads qlen 8 B=64 L=32k: time <= 1.25x qlen 1"]["verdict"] == "MISS"
     assert bars["128 heads qlen 1 B=64 L=4k: >= 300 TFLOP/s"]["verdict"] == "MISS"
     assert bars["16 heads qlen 1 B=16 L=4k: KV bandwidth >= 2.5 TB/s"]["value"] is None
+
+
+# ----------------------------------------------------------------------------------------------
+# the chapter's helpers and figures
+# ----------------------------------------------------------------------------------------------
+
+
+def test_make_decode_example_is_consistent():
+    ex = mla.make_decode_example([1, 3], [40, 23], heads=4, kernel_block_size=16, seed=5)
+    md = ex.metadata
+    assert md.max_qo_len == 3 and md.kv_indices.numel() == 63
+    assert torch.isnan(ex.kv_cache[0]).all()  # block 0 reserved, NaN
+    rows = ex.flat_cache.view(-1, D)[md.kv_indices.long()]
+    assert not torch.isnan(rows).any()  # every indexed row is a real token
+    out, _ = mla.mla_decode_ref(ex.q, ex.flat_cache, md.qo_indptr, md.kv_indptr, md.kv_indices)
+    paged, _ = mla.mla_decode_paged_ref(ex.q, ex.kv_cache, md.qo_indptr, ex.block_table, ex.seq_lens)
+    torch.testing.assert_close(out, paged, rtol=0, atol=0)
+
+
+def test_decode_figures_from_committed_results():
+    from workbench.viz import mla as vmla
+
+    data = vmla.load_decode_results()
+    assert data is not None and data["results"], "src/workbench/data/bench_decode_h200.json is missing"
+    fig = vmla.decode_roofline_figure(data)
+    names = [t.name for t in fig.data]
+    assert any(n.startswith("measured roof") for n in names)
+    assert any(n == "this kernel: H=16, qlen=1" for n in names) and any("peers" in n for n in names)
+    assert len(vmla.decode_bandwidth_figure(data).data) >= 4
+    empty = vmla.decode_roofline_figure({})
+    assert "no measurements" in empty.layout.title.text
+    assert fig.to_json() == vmla.decode_roofline_figure(data).to_json()  # deterministic

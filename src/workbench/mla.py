@@ -114,11 +114,13 @@ def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tens
             f"(absorbed MLA: {KV_LORA_RANK} latent + {QK_ROPE_HEAD_DIM} rope = {QK_HEAD_DIM})"
         )
     if not 0 < kv_lora_rank <= cache.shape[-1]:
-        raise ValueError(f"kv_lora_rank is {kv_lora_rank}; it must be in 1..{cache.shape[-1]} (V = first kv_lora_rank dims)")
+        raise ValueError(f"kv_lora_rank is {kv_lora_rank}; it must be in 1..{cache.shape[-1]} "
+                         "(V = the first kv_lora_rank values of a row)")
     if not q.is_contiguous():
         raise ValueError("q is not contiguous; aiter and the Triton kernel need a contiguous "
                          "(total_q, H, 576) tensor: pass q.contiguous()")
-    for name, t in (("kv_cache", cache), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+    named = (("kv_cache", cache), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices))
+    for name, t in named:
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move both to one device")
     if kv_indices.dim() != 1:
@@ -653,12 +655,14 @@ def _check_kernel_args(q: torch.Tensor, cache: torch.Tensor, qo_indptr: torch.Te
     if cache.dtype != q.dtype:
         raise TypeError(f"kv_cache has dtype {cache.dtype} but q has {q.dtype}; cast one so that they match")
     device.check_kernel_dtype(q.dtype, "q")
-    for name, t in (("kv_cache", cache), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+    named = (("kv_cache", cache), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices))
+    for name, t in named:
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move both to one device")
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
         if t.dtype != torch.int32:
-            raise TypeError(f"{name} has dtype {t.dtype}; the kernel reads int32 (aiter's index type): .to(torch.int32)")
+            raise TypeError(f"{name} has dtype {t.dtype}; the kernel reads int32 (aiter's index type): "
+                            ".to(torch.int32)")
     if qo_indptr.shape != kv_indptr.shape or qo_indptr.dim() != 1:
         raise ValueError(f"qo_indptr {tuple(qo_indptr.shape)} and kv_indptr {tuple(kv_indptr.shape)} must both be "
                          "(num_reqs + 1,)")

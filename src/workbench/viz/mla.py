@@ -76,7 +76,8 @@ def decode_roofline_figure(data: dict[str, Any] | None = None) -> go.Figure:
             fig.add_trace(go.Scatter(
                 x=[r["intensity_flop_per_byte"] for r in rows], y=[r["tflops"] for r in rows], mode="markers",
                 name=f"this kernel: H={h}, qlen={q}", marker={"color": GROUP_COLORS.get((h, q), "#000"), "size": 7},
-                text=[f"B={r['batch']} L={r['context']}: {r['triton_us']:.1f} us, {r['kv_gb_s']:.0f} GB/s" for r in rows],
+                text=[f"B={r['batch']} L={r['context']}: {r['triton_us']:.1f} us, {r['kv_gb_s']:.0f} GB/s"
+                      for r in rows],
                 hovertemplate="%{text}<br>%{y:.0f} TFLOP/s<extra></extra>"))
     px, py, labels = [], [], []
     for label, h, q, value, unit, source in PEERS:
