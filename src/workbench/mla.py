@@ -20,6 +20,18 @@ Rules every entry point applies (and explains when broken):
   the query tokens are already in the cache). A 0-length KV with a query is an error, never a
   silent zero or NaN; a request with ``qo_len == 0`` contributes nothing and may have any ``kv_len``;
 * ``q`` is contiguous, its last dim equals the cache row width; the Triton kernel and aiter need 576.
+
+Contents, in the order chapter 3 introduces them:
+
+* :func:`mla_decode_ref` (fp32 golden) and :func:`mla_decode_paged_ref` (block table + page size);
+* :func:`mla_decode_torch`: the same computation batched in the input precision (tolerance baseline,
+  benchmark torch path);
+* :func:`mla_decode_triton`: the Triton kernel (split-KV, query rows folded into heads, LSE merge),
+  :func:`triton_config` and :func:`choose_num_splits` for its launch;
+* :func:`mla_decode_aiter`: the adapter for ``aiter.mla.mla_decode_fwd`` (ROCm);
+* :func:`mla_decode`: one entry point over ``"auto" | "triton" | "torch" | "aiter"``;
+* :func:`demo_page_indices_as_token_indices`: aiter #2996's failure mode, shown with the golden;
+* :func:`make_decode_example`: a small paged batch with NaN-filled unused rows, for chapters and checks.
 """
 
 from __future__ import annotations
