@@ -552,3 +552,26 @@ def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
     assert len(rows) == 1 and rows[0]["qlen"] == 6 and rows[0]["padded_qlen"] == 8
     assert rows[0]["overhead_pct"] == pytest.approx(5.0)
     assert "NVIDIA H200" in note and "1 measured" in note
+    assert rows[0]["model_pct"] == vq.padding_cost_rows([5], heads=16, batch=64, context=4096)[0]["time_pct"]
+    assert "model_measured_pct" not in rows[0]  # no ceilings in this file: no measured-ceiling model
+    payload["ceilings"] = {"read_only": {"gb_s": 3000.0}, "matmul_bf16": {"tflops": 600.0}}
+    path.write_text(json.dumps(payload))
+    rows, _ = vq.measured_padding_overhead(path)
+    hw = perfmodel.Hardware("measured", "", 0, 3.0, 600.0, "test")
+    assert rows[0]["model_measured_pct"] == vq.padding_cost_rows([5], heads=16, batch=64, context=4096, hardware=hw)[0]["time_pct"]
+    fig = vq.measured_padding_figure(rows, note)
+    assert [t.name for t in fig.data] == ["measured (Triton kernel)", "roofline, measured ceilings", "roofline, H200 datasheet"]
+    with pytest.raises(ValueError, match="rows is empty"):
+        vq.measured_padding_figure([])
+
+
+def test_committed_h200_padding_measurement_if_present():
+    """The committed benchmark, when present, yields only real (qlen, next power of two) pairs."""
+    rows, note = vq.measured_padding_overhead()
+    if not vq.BENCH_DECODE_H200.exists():
+        assert rows == [] and "not in the repository" in note
+        return
+    assert rows, note
+    for r in rows:
+        assert not qlen.is_pow2(r["qlen"]) and r["padded_qlen"] == qlen.next_pow2(r["qlen"])
+        assert r["padded_us"] > 0 and r["us"] > 0

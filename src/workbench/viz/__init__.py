@@ -58,4 +58,5 @@ from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, block
 from workbench.viz.expand import expand_bench_figure, expansion_figure  # noqa: E402
 from workbench.viz.mla import decode_bandwidth_figure, decode_roofline_figure  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
+from workbench.viz.qlen import acceptance_figure, acceptance_length_figure, measured_padding_figure, padding_cost_figure, probe_figure  # noqa: E402,E501
 from workbench.viz.throughput import comparison_figure, expansion_per_step_figure, k_choice_figure, power_of_two_cost_figure, spec_explorer, step_breakdown_figure, throughput_widget, verify_trend_figure  # noqa: E402,E501

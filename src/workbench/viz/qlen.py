@@ -28,6 +28,7 @@ __all__ = [
     "BENCH_DECODE_H200",
     "acceptance_figure",
     "acceptance_length_figure",
+    "measured_padding_figure",
     "measured_padding_overhead",
     "padding_cost_figure",
     "padding_cost_rows",
@@ -151,17 +152,21 @@ def acceptance_length_figure(groups: Mapping[str, Sequence[LosslessReport]]) -> 
 
 
 def padding_cost_rows(ks: Sequence[int] = range(1, 16), *, heads: int = 16, batch: int = 64, context: int = 4096,
-                      hardware: str = "H200") -> list[dict[str, Any]]:
+                      hardware: str | perfmodel.Hardware = "H200") -> list[dict[str, Any]]:
     """The cost model of padding verification from ``qlen = k + 1`` to ``P = next_pow2(k + 1)``, per layer.
 
     For each ``k``: extra query rows ``batch * (P - qlen)``; bytes and FLOPs from
     :func:`workbench.perfmodel.mla_decode_bytes` / :func:`~workbench.perfmodel.mla_decode_flops` at ``qlen``
     and at ``P``; roofline times (:func:`~workbench.perfmodel.roofline_time_s`) on ``hardware``'s datasheet
-    figures. While both calls are memory-bound the time grows only with the extra q and output bytes.
+    figures (or a :class:`~workbench.perfmodel.Hardware` with measured ceilings). While both calls are
+    memory-bound the time grows only with the extra q and output bytes.
     """
-    if hardware not in perfmodel.HARDWARE:
-        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(perfmodel.HARDWARE)}")
-    hw = perfmodel.HARDWARE[hardware]
+    if isinstance(hardware, perfmodel.Hardware):
+        hw = hardware
+    elif hardware in perfmodel.HARDWARE:
+        hw = perfmodel.HARDWARE[hardware]
+    else:
+        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(perfmodel.HARDWARE)} or pass a perfmodel.Hardware")
     rows = []
     for k in ks:
         q = k + 1
@@ -170,7 +175,7 @@ def padding_cost_rows(ks: Sequence[int] = range(1, 16), *, heads: int = 16, batc
         f0, f1 = perfmodel.mla_decode_flops(heads, batch, context, q), perfmodel.mla_decode_flops(heads, batch, context, P)
         t0, t1 = perfmodel.roofline_time_s(hw, f0, b0), perfmodel.roofline_time_s(hw, f1, b1)
         rows.append(dict(k=k, qlen=q, padded_qlen=P, extra_rows=batch * (P - q), heads=heads, batch=batch,
-                         context=context, hardware=hardware, bytes_pct=100 * (b1 / b0 - 1), flops_pct=100 * (f1 / f0 - 1),
+                         context=context, hardware=hw.name, bytes_pct=100 * (b1 / b0 - 1), flops_pct=100 * (f1 / f0 - 1),
                          time_us=t0 * 1e6, padded_time_us=t1 * 1e6, time_pct=100 * (t1 / t0 - 1),
                          bound="memory" if b0 / (hw.bandwidth_tb_s * 1e12) >= f0 / (hw.bf16_tflops * 1e12) else "compute",
                          padded_bound="memory" if b1 / (hw.bandwidth_tb_s * 1e12) >= f1 / (hw.bf16_tflops * 1e12)
@@ -211,8 +216,11 @@ def measured_padding_overhead(path: str | Path | None = None) -> tuple[list[dict
     """Padding overhead measured by ``workbench bench decode`` (Triton kernel, CUDA-graph replay).
 
     For every (heads, batch, context) measured at a non-power-of-two ``qlen`` and at ``next_pow2(qlen)``,
-    one row with both times and their ratio. Returns ``(rows, note)``; ``rows`` is empty and ``note``
-    says why when the file is missing or holds no such pair. Nothing is invented: only measured pairs.
+    one row with both times, the measured overhead, and two model predictions for the same shapes
+    (:func:`padding_cost_rows`): on the datasheet H200 (``model_pct``) and on a roofline built from the
+    ceilings measured in the same run (``model_measured_pct``: read-only bandwidth, else copy bandwidth,
+    and the bf16 matmul rate). Returns ``(rows, note)``; ``rows`` is empty and ``note`` says why when the
+    file is missing or holds no such pair. Nothing is invented: only measured pairs.
     """
     p = Path(path) if path is not None else BENCH_DECODE_H200
     if not p.exists():
@@ -220,15 +228,46 @@ def measured_padding_overhead(path: str | Path | None = None) -> tuple[list[dict
     payload = json.loads(p.read_text())
     results = payload.get("results", [])
     times = {(r["heads"], r["batch"], r["context"], r["qlen"]): r["triton_us"] for r in results if "triton_us" in r}
+    ceilings = payload.get("ceilings", {})
+    bw = (ceilings.get("read_only") or ceilings.get("copy") or {}).get("gb_s")
+    tf = (ceilings.get("matmul_bf16") or {}).get("tflops")
+    measured_hw = perfmodel.Hardware("measured", "", 0, bw / 1e3, tf, f"ceilings in {p.name}") if bw and tf else None
     rows = []
     for (h, b, ctx, q), us in sorted(times.items()):
         P = next_pow2(q)
         if q == P or (h, b, ctx, P) not in times:
             continue
         up = times[(h, b, ctx, P)]
-        rows.append(dict(heads=h, batch=b, context=ctx, qlen=q, padded_qlen=P, us=us, padded_us=up,
-                         overhead_pct=100 * (up / us - 1)))
+        row = dict(heads=h, batch=b, context=ctx, qlen=q, padded_qlen=P, us=us, padded_us=up,
+                   overhead_pct=100 * (up / us - 1),
+                   model_pct=padding_cost_rows([q - 1], heads=h, batch=b, context=ctx, hardware="H200")[0]["time_pct"])
+        if measured_hw is not None:
+            row["model_measured_pct"] = padding_cost_rows([q - 1], heads=h, batch=b, context=ctx,
+                                                          hardware=measured_hw)[0]["time_pct"]
+        rows.append(row)
     prov = payload.get("provenance", {})
     where = ", ".join(str(prov[k]) for k in ("device", "date_utc") if k in prov) or "no provenance recorded"
     note = f"{p.name} ({where}): {len(rows)} measured (qlen, next power of two) pairs"
     return rows, note
+
+
+def measured_padding_figure(rows: Sequence[dict[str, Any]], note: str = "") -> go.Figure:
+    """Grouped bars per measured shape: measured padding overhead beside the two roofline predictions
+    (rows from :func:`measured_padding_overhead`)."""
+    if not rows:
+        raise ValueError("rows is empty: there is no measured padding overhead to plot (see the note of "
+                         "measured_padding_overhead)")
+    labels = [f"H={r['heads']} B={r['batch']} L={r['context'] // 1024}k<br>qlen {r['qlen']}->{r['padded_qlen']}"
+              for r in rows]
+    fig = go.Figure()
+    series = [("measured (Triton kernel)", "overhead_pct", "#1f77b4"),
+              ("roofline, measured ceilings", "model_measured_pct", "#ff7f0e"),
+              ("roofline, H200 datasheet", "model_pct", "#7f7f7f")]
+    for name, key, color in series:
+        if all(key in r for r in rows):
+            fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=name, marker_color=color,
+                                 hovertemplate=f"{name}: +%{{y:.1f}} %<extra></extra>"))
+    fig.update_layout(barmode="group", title="Padding verification to the next power of two: measured vs modelled"
+                      + (f"<br><sup>{note}</sup>" if note else ""), yaxis={"title": "extra time (%)"},
+                      template="plotly_white", width=820, height=440)
+    return fig
