@@ -33,9 +33,18 @@ def _color(i: int) -> str:
     return CONC_COLORS[i % len(CONC_COLORS)]
 
 
-def _layout(fig: go.Figure, title: str, width: int = 860, height: int = 440, **kw) -> go.Figure:
-    fig.update_layout(title=title, width=width, height=height, template="plotly_white",
-                      legend={"font": {"size": 10}}, margin={"t": 70}, **kw)
+WIDTH = 760  # fits the book's content column; every figure uses it
+
+
+def _layout(fig: go.Figure, title: str, height: int = 460, legend: str = "above", **kw) -> go.Figure:
+    """House layout: fixed width, a horizontal legend above the plot (single panel) or below it (panels)."""
+    if legend == "above":
+        leg, margin = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0}, {"t": 110}
+    else:
+        # below the x-axis titles: about 110 px under the plotting area, whatever the figure's height
+        leg, margin = {"orientation": "h", "yanchor": "top", "y": -max(0.1, 110 / height), "x": 0}, {"t": 80, "b": 150}
+    fig.update_layout(title=title, width=WIDTH, height=height, template="plotly_white",
+                      legend={"font": {"size": 10}, **leg}, margin=margin, **kw)
     return fig
 
 
@@ -48,7 +57,7 @@ def comparison_figure(prediction: P.Prediction, tolerance: float = 0.10, title: 
     """Left: tok/s/GPU vs concurrency, published (markers) and model (lines; dashed = the fitted column).
     Right: error of every figure, with the +/-``tolerance`` band."""
     t = prediction.table
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.1,
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.58, 0.42], vertical_spacing=0.14,
                         subplot_titles=("tok/s/GPU: published (markers) and model (lines)",
                                         f"error (model / published - 1), bar +/-{tolerance:.0%}"))
     columns = [("no spec", t.no_spec)] + list(t.eagle3.items())
@@ -71,18 +80,18 @@ def comparison_figure(prediction: P.Prediction, tolerance: float = 0.10, title: 
                              showlegend=False, text=[f"{100 * r.error:+.1f}%" for r in rows],
                              textposition="outside", textfont={"size": 9},
                              hovertemplate=f"{name}<br>concurrency %{{x}}<br>error %{{y:+.1f}} %<extra></extra>"),
-                      row=1, col=2)
+                      row=2, col=1)
     fig.add_hrect(y0=-100 * tolerance, y1=100 * tolerance, fillcolor="#2ca02c", opacity=0.10, line_width=0,
-                  row=1, col=2)
+                  row=2, col=1)
     fig.update_xaxes(type="log", tickvals=conc, title_text="concurrency", row=1, col=1)
     fig.update_yaxes(title_text="output tok/s per GPU", row=1, col=1)
-    fig.update_xaxes(title_text="concurrency", row=1, col=2)
-    fig.update_yaxes(title_text="error, %", row=1, col=2)
+    fig.update_xaxes(title_text="concurrency", row=2, col=1)
+    fig.update_yaxes(title_text="error, %", row=2, col=1)
     law = prediction.target.law
-    title = title or (f"{t.hardware} {t.model} TP{t.tp} {t.input_len // 1024}K/{t.output_len // 1024}K: fitted on no-spec "
-                      f"({law.name} law), Eagle3 predicted at k={prediction.k} "
-                      f"({prediction.tokens_per_step:.2f} tokens/step)")
-    return _layout(fig, title, width=980, height=460, barmode="group")
+    title = title or (f"{t.hardware} {t.model} TP{t.tp} {t.input_len // 1024}K/{t.output_len // 1024}K<br><sup>fitted on "
+                      f"no-spec ({law.name} law); Eagle3 predicted at k={prediction.k} "
+                      f"({prediction.tokens_per_step:.2f} tokens/step)</sup>")
+    return _layout(fig, title, height=760, legend="below", barmode="group")
 
 
 def step_breakdown_figure(prediction: P.Prediction, column: str | None = None) -> go.Figure:
@@ -123,8 +132,8 @@ def step_breakdown_figure(prediction: P.Prediction, column: str | None = None) -
                                  hovertemplate="published implies %{y:.2f} ms<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title_text="concurrency")
     fig.update_yaxes(title_text="ms per engine step", row=1, col=1)
-    return _layout(fig, "Where a step's time goes (model) and what the published throughput implies", width=960,
-                   height=440, barmode="stack")
+    return _layout(fig, "Where a step's time goes<br><sup>model (bars) and the step the published throughput implies "
+                        "(diamonds)</sup>", height=500, legend="below", barmode="stack")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -163,7 +172,7 @@ def k_choice_figure(target: P.TargetStepModel, draft: P.DraftModel, concurrency:
     acc = f"alpha={alpha:.3f} (i.i.d.)" if alpha is not None else "per-position rates (aiter #2720)"
     fig.update_xaxes(title_text="k (draft tokens per step); filled = k+1 a power of two", dtick=1)
     fig.update_yaxes(title_text="speed-up over no speculation")
-    return _layout(fig, f"Choosing k: {acc}, context {context:g}", width=760, height=440)
+    return _layout(fig, f"Choosing k<br><sup>{acc}, context {context:g}; stars: best k</sup>", height=480)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,8 +257,8 @@ def spec_explorer(vary: str = "acceptance", prediction: P.Prediction | None = No
     fig.update_yaxes(title_text="speed-up over no speculation", range=[0, 1.05 * top])
     fixed_note = "" if vary == "draft_cost" else f", draft overhead {fixed0:.3f} ms/forward"
     acc_note = "" if vary in ("acceptance", "concurrency", "k") else f", alpha {alpha0:.3f}"
-    return _layout(fig, f"Explorer ({vary.replace('_', ' ')} slider): context {context:g}{fixed_note}{acc_note}",
-                   width=820, height=520)
+    return _layout(fig, f"Explorer: {vary.replace('_', ' ')} slider<br><sup>context {context:g}{fixed_note}{acc_note}"
+                        "</sup>", height=560)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,7 +273,7 @@ def verify_trend_figure(target: P.TargetStepModel, *, k: int = 7, input_lens: Se
     concurrency, relative to the lowest concurrency, at every input length, beside the published 8K/1K
     trend (``reference``: (concurrency, ms) pairs, whose exact definition we do not have)."""
     long = max(input_lens)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.14,
                         subplot_titles=(f"{long // 1024}K in / 1K out: ms per accepted token (model)",
                                         "growth relative to the lowest concurrency"))
     rows = P.verify_cost_trend(target, input_len=long, k=k)
@@ -288,19 +297,19 @@ def verify_trend_figure(target: P.TargetStepModel, *, k: int = 7, input_lens: Se
                                      name=f"{n // 1024}K: {label} (model)", line={"color": color,
                                                                                   "dash": dashes[i % len(dashes)]},
                                      hovertemplate=f"{n // 1024}K {label}: x%{{y:.2f}} at concurrency %{{x}}"
-                                                   "<extra></extra>"), row=1, col=2)
+                                                   "<extra></extra>"), row=2, col=1)
     if reference:
         (c0, v0), *_ = reference
         fig.add_trace(go.Scatter(x=[c for c, _ in reference], y=[v / v0 for _, v in reference], mode="lines+markers",
                                  name="blog 8K/1K: " + " -> ".join(f"{v:.2f} ms" for _, v in reference),
                                  line={"color": "#d62728", "width": 3}, marker={"size": 11, "symbol": "diamond"},
-                                 hovertemplate="blog: x%{y:.2f} at concurrency %{x}<extra></extra>"), row=1, col=2)
+                                 hovertemplate="blog: x%{y:.2f} at concurrency %{x}<extra></extra>"), row=2, col=1)
     fig.update_xaxes(title_text="concurrency", row=1, col=1)
     fig.update_yaxes(title_text="ms per accepted token", row=1, col=1)
-    fig.update_xaxes(title_text="concurrency", type="log", tickvals=[r["concurrency"] for r in rows], row=1, col=2)
-    fig.update_yaxes(title_text="x the value at the lowest concurrency", type="log", row=1, col=2)
-    return _layout(fig, f"Target verify cost per accepted token (k={k}): what grows with concurrency", width=980,
-                   height=460, barmode="stack")
+    fig.update_xaxes(title_text="concurrency", type="log", tickvals=[r["concurrency"] for r in rows], row=2, col=1)
+    fig.update_yaxes(title_text="x value at lowest c", type="log", row=2, col=1)
+    return _layout(fig, f"Target verify cost per accepted token (k={k})<br><sup>what grows with concurrency</sup>",
+                   height=820, legend="below", barmode="stack")
 
 
 def expansion_per_step_figure(h200_rows: list[dict[str, Any]] | None, published: dict[str, float]) -> go.Figure:
@@ -315,8 +324,7 @@ def expansion_per_step_figure(h200_rows: list[dict[str, Any]] | None, published:
 
     cols = 2 if h200_rows else 1
     titles = ["MI355X, ~97k context, concurrency 1"] + (["H200 (measured), per benchmark case"] if h200_rows else [])
-    fig = make_subplots(rows=1, cols=cols, column_widths=[0.4, 0.6] if cols == 2 else None, subplot_titles=titles,
-                        horizontal_spacing=0.1)
+    fig = make_subplots(rows=cols, cols=1, subplot_titles=titles, vertical_spacing=0.16)
     bars = [("serial expansion<br>(published)", published["expand_ms_per_step"], "#d62728"),
             ("MLA attention<br>(model)", published["attention_ms_per_step"], PART_COLORS["attention"])]
     if "verify_ms" in published:
@@ -332,11 +340,11 @@ def expansion_per_step_figure(h200_rows: list[dict[str, Any]] | None, published:
                                  ("kernel_us_per_step", "2-D-grid kernel x calls", "#2ca02c"),
                                  ("decode_us_per_step", "MLA decode x 61 layers (scaled)", PART_COLORS["attention"])):
             fig.add_trace(go.Bar(x=xs, y=[r[key] for r in h200_rows], name=name, marker={"color": color},
-                                 hovertemplate=f"{name}: %{{y:,.1f}} us per step<extra></extra>"), row=1, col=2)
-        fig.update_yaxes(type="log", row=1, col=2)
+                                 hovertemplate=f"{name}: %{{y:,.1f}} us per step<extra></extra>"), row=2, col=1)
+        fig.update_yaxes(type="log", title_text="us per engine step", row=2, col=1)
     fig.update_yaxes(type="log", title_text="us per engine step", range=[1, math.log10(top) + 0.5], row=1, col=1)
-    return _layout(fig, "The per-token index expansion per step, beside the decode it feeds",
-                   width=1020 if cols == 2 else 640, height=460, barmode="group")
+    return _layout(fig, "The per-token index expansion per step<br><sup>beside the decode it feeds</sup>",
+                   height=820 if cols == 2 else 460, legend="below", barmode="group")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -431,5 +439,5 @@ def power_of_two_cost_figure(prediction: P.Prediction | None = None, concurrency
                       "restriction costs %{z:.2f} %<extra></extra>"))
     fig.update_xaxes(title_text="i.i.d. acceptance alpha")
     fig.update_yaxes(title_text="draft overhead per forward")
-    return _layout(fig, f"What k+1 in {{2, 4, 8, 16}} costs (concurrency {concurrency}, context {context:g}); "
-                        "cells: best k / best allowed k", width=820, height=480)
+    return _layout(fig, f"What k+1 in {{2, 4, 8, 16}} costs<br><sup>concurrency {concurrency}, context {context:g}; "
+                        "cells: best k / best allowed k (k <= 15)</sup>", height=520)
