@@ -76,6 +76,7 @@ __all__ = [
     "mla_decode_flops",
     "mla_decode_intensity",
     "mla_decode_roofline",
+    "no_spec_step_ms",
     "power_of_two_cost",
     "predict_published",
     "roofline_time_s",
