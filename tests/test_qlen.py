@@ -285,7 +285,8 @@ def test_probe_aiter_says_why_not():
         qlen.probe_qlen("aiter")
 
 
-@pytest.mark.parametrize("text,expected", [("1-16", list(range(1, 17))), ("3,6,8", [3, 6, 8]), ("1-3, 6,2", [1, 2, 3, 6])])
+@pytest.mark.parametrize("text,expected", [("1-16", list(range(1, 17))), ("3,6,8", [3, 6, 8]),
+                                           ("1-3, 6,2", [1, 2, 3, 6])])
 def test_parse_qlens(text, expected):
     assert qlen.parse_qlens(text) == expected
 
@@ -544,7 +545,8 @@ def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
     rows, note = vq.measured_padding_overhead(tmp_path / "missing.json")
     assert rows == [] and "not in the repository" in note
     payload = {"provenance": {"device": "NVIDIA H200", "date_utc": "2026-01-01"}, "results": [
-        dict(heads=16, batch=64, context=4096, qlen=q, triton_us=us) for q, us in [(1, 10.0), (6, 12.0), (8, 12.6), (4, 11.0)]
+        dict(heads=16, batch=64, context=4096, qlen=q, triton_us=us)
+        for q, us in [(1, 10.0), (6, 12.0), (8, 12.6), (4, 11.0)]
     ] + [dict(heads=16, batch=16, context=4096, qlen=6, triton_us=5.0)]}  # no qlen 8 partner: not reported
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(payload))
@@ -558,9 +560,11 @@ def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
     path.write_text(json.dumps(payload))
     rows, _ = vq.measured_padding_overhead(path)
     hw = perfmodel.Hardware("measured", "", 0, 3.0, 600.0, "test")
-    assert rows[0]["model_measured_pct"] == vq.padding_cost_rows([5], heads=16, batch=64, context=4096, hardware=hw)[0]["time_pct"]
+    expected = vq.padding_cost_rows([5], heads=16, batch=64, context=4096, hardware=hw)[0]["time_pct"]
+    assert rows[0]["model_measured_pct"] == expected
     fig = vq.measured_padding_figure(rows, note)
-    assert [t.name for t in fig.data] == ["measured (Triton kernel)", "roofline, measured ceilings", "roofline, H200 datasheet"]
+    assert [t.name for t in fig.data] == ["measured (Triton kernel)", "roofline, measured ceilings",
+                                          "roofline, H200 datasheet"]
     with pytest.raises(ValueError, match="rows is empty"):
         vq.measured_padding_figure([])
 

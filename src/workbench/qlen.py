@@ -481,7 +481,8 @@ def probe_qlen(backend: str, qlens: Iterable[int] = range(1, 17), *, heads: int 
     _check_count("kv_len", kv_len, max(qlens))
     if backend == "aiter" and not device.aiter_status().available:
         raise BackendUnavailable(f"backend 'aiter' runs only on ROCm with aiter installed; here: "
-                                 f"{device.aiter_status().reason}. Probe 'triton', 'torch' or '{FAULT_BACKEND}' instead")
+                                 f"{device.aiter_status().reason}. Probe 'triton', 'torch' or '{FAULT_BACKEND}' "
+                                 "instead")
     dev = device.default_device()
     if dtype is None:
         dtype = torch.bfloat16 if device.on_gpu() else torch.float32
@@ -532,7 +533,8 @@ def _probe_rows(backend: str, qlens: list[int], heads: int, num_reqs: int, kv_le
         ms = (time.perf_counter() - t0) * 1e3
         ran, reason = res.backend, res.reason
         gold, _ = mla.mla_decode_ref(q, cache, md.qo_indptr, md.kv_indptr, md.kv_indices, sm_scale)
-        same, _ = mla.mla_decode_torch(q, cache, md.qo_indptr, md.kv_indptr, md.kv_indices, sm_scale, qlen, max(kv_lens))
+        same, _ = mla.mla_decode_torch(q, cache, md.qo_indptr, md.kv_indptr, md.kv_indices, sm_scale, qlen,
+                                       max(kv_lens))
         floor = 2 * torch.finfo(dtype).eps * max(1.0, gold.abs().max().item()) + 1e-5
         tol = 2 * (same.float() - gold).abs().max().item() + floor
         verdict, err, err_b = classify_output(res.out, gold, tol, num_reqs)
@@ -576,7 +578,8 @@ def guidance(max_k: int = 15) -> list[GuidanceRow]:
 
 def format_guidance(rows: Sequence[GuidanceRow], markdown: bool = False) -> str:
     """The guidance rows as a plain or Markdown table."""
-    head = ["k", "verify qlen", "power of 2?", "padded qlen", "extra rows", "fp8 kernels (qlen <= 4)", "bf16 today (#2720)"]
+    head = ["k", "verify qlen", "power of 2?", "padded qlen", "extra rows", "fp8 kernels (qlen <= 4)",
+            "bf16 today (#2720)"]
     body = [[str(r.k), str(r.qlen), "yes" if r.pow2 else "no", str(r.padded_qlen), f"{r.extra_rows_pct:.0f} %",
              "ok" if r.fp8_ok else "no kernel (#2760)", r.advice] for r in rows]
     if markdown:
@@ -703,7 +706,8 @@ class TinyMLA:
         self.pos_embed = (c.pos_scale * torch.randn(c.max_positions, d, generator=g)).to(self.device)
         self.layers = [dict(
             w_dkv=w(d, L, fan_in=d), w_kr=w(d, R, fan_in=d), w_q=w(d, H, L, fan_in=d), w_qr=w(d, H, R, fan_in=d),
-            w_o=w(H * L, d, fan_in=H * L), w_1=w(d, c.mlp_mult * d, fan_in=d), w_2=w(c.mlp_mult * d, d, fan_in=c.mlp_mult * d),
+            w_o=w(H * L, d, fan_in=H * L), w_1=w(d, c.mlp_mult * d, fan_in=d),
+            w_2=w(c.mlp_mult * d, d, fan_in=c.mlp_mult * d),
         ) for _ in range(c.num_layers)]
         self.head = w(d, c.vocab_size, fan_in=d)
 
@@ -962,7 +966,8 @@ def _speculative(model: TinyMLA, prompts: list[list[int]], max_new_tokens: int, 
             break
         x_last = torch.tensor([out[r][-1] for r in ids], device=dev)
         if draft == "frozen-context":
-            ctx = model.forward(state, ids, x_last[:, None], backend=backend)  # writes x_last's rows (verify rewrites them)
+            # writes x_last's cache rows; the verification below rewrites them with the same values
+            ctx = model.forward(state, ids, x_last[:, None], backend=backend)
             frozen = [a[:, 0] for a in ctx.attn]
             tok = (ctx.hidden[:, 0] @ draft_head).argmax(-1)
             cols = [tok]
@@ -1091,6 +1096,7 @@ def format_sweep(reports: Sequence[LosslessReport]) -> str:
         run, div = rep.run, rep.first_divergence
         result = "lossless" if div is None else \
             f"diverges: req {div.request} token {div.index} ({div.expected} -> {div.got})"
-        lines.append(f"{run.k:3d} {run.verify_qlen:4d} {run.call_qlen:4d} {'yes' if is_pow2(run.call_qlen) else 'no':>5} "
-                     f"{run.backend:>17} {'yes' if run.pad_to_pow2 else 'no':>4} {run.mean_acceptance_length:8.2f}  {result}")
+        pow2 = "yes" if is_pow2(run.call_qlen) else "no"
+        lines.append(f"{run.k:3d} {run.verify_qlen:4d} {run.call_qlen:4d} {pow2:>5} {run.backend:>17} "
+                     f"{'yes' if run.pad_to_pow2 else 'no':>4} {run.mean_acceptance_length:8.2f}  {result}")
     return "\n".join(lines)

@@ -64,9 +64,10 @@ def probe_figure(reports: Sequence[ProbeReport]) -> go.Figure:
         xgap=2, ygap=2,
     ))
     fig.update_layout(
-        title="Every query length against the fp32 golden (green ok · red broadcast-fault · black wrong)",
+        title="Each query length vs the fp32 golden<br><sup>green ok · red broadcast-fault (position 0 everywhere) · "
+              "black wrong</sup>",
         xaxis={"title": "max_seqlen_q (query tokens per request)", "type": "category"},
-        yaxis={"autorange": "reversed"}, width=820, height=140 + 46 * len(reports), template="plotly_white",
+        yaxis={"autorange": "reversed"}, width=760, height=140 + 46 * len(reports), template="plotly_white",
     )
     return fig
 
@@ -112,16 +113,18 @@ def acceptance_figure(groups: Mapping[str, Sequence[LosslessReport]], k: int | N
                     args=[{"visible": [i // n == j for i in range(len(ks) * n)]},
                           {"title": _acc_title(kk)}]) for j, kk in enumerate(ks)]
     fig.update_layout(
-        title=_acc_title(k), template="plotly_white", width=820, height=460,
-        xaxis={"title": "draft position", "dtick": 1}, yaxis={"title": "per-position acceptance rate", "range": [0, 1.02]},
+        title=_acc_title(k), template="plotly_white", width=760, height=460,
+        xaxis={"title": "draft position", "dtick": 1},
+        yaxis={"title": "per-position acceptance rate", "range": [0, 1.02]},
         updatemenus=[dict(buttons=buttons, active=ks.index(k), x=1.0, xanchor="right", y=1.16, yanchor="top")],
-        legend={"x": 0.99, "xanchor": "right", "y": 0.98},
+        legend={"orientation": "h", "x": 0, "y": -0.18},
     )
     return fig
 
 
 def _acc_title(k: int) -> str:
-    return f"Per-position acceptance, k = {k} (verification qlen {k + 1}{'' if is_pow2(k + 1) else ': not a power of two'})"
+    return (f"Per-position acceptance, k = {k}<br><sup>verification qlen {k + 1}"
+            f"{' (a power of two)' if is_pow2(k + 1) else ': not a power of two'}</sup>")
 
 
 def acceptance_length_figure(groups: Mapping[str, Sequence[LosslessReport]]) -> go.Figure:
@@ -144,9 +147,10 @@ def acceptance_length_figure(groups: Mapping[str, Sequence[LosslessReport]]) -> 
                           "%{customdata[1]}<extra></extra>",
         ))
     fig.update_layout(
-        title="Mean acceptance length vs k (x: output differs from greedy; grey: k + 1 a power of two)",
+        title="Mean acceptance length vs k<br><sup>x: output differs from greedy decoding · grey: k + 1 a power "
+              "of two</sup>",
         xaxis={"title": "k (num_speculative_tokens)", "dtick": 1}, yaxis={"title": "mean acceptance length"},
-        template="plotly_white", width=820, height=440,
+        template="plotly_white", width=760, height=460, legend={"orientation": "h", "x": 0, "y": -0.2},
     )
     return fig
 
@@ -166,20 +170,23 @@ def padding_cost_rows(ks: Sequence[int] = range(1, 16), *, heads: int = 16, batc
     elif hardware in perfmodel.HARDWARE:
         hw = perfmodel.HARDWARE[hardware]
     else:
-        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(perfmodel.HARDWARE)} or pass a perfmodel.Hardware")
+        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(perfmodel.HARDWARE)} "
+                         "or pass a perfmodel.Hardware")
     rows = []
     for k in ks:
         q = k + 1
         P = next_pow2(q)
-        b0, b1 = perfmodel.mla_decode_bytes(heads, batch, context, q), perfmodel.mla_decode_bytes(heads, batch, context, P)
-        f0, f1 = perfmodel.mla_decode_flops(heads, batch, context, q), perfmodel.mla_decode_flops(heads, batch, context, P)
+        b0, b1 = (perfmodel.mla_decode_bytes(heads, batch, context, n) for n in (q, P))
+        f0, f1 = (perfmodel.mla_decode_flops(heads, batch, context, n) for n in (q, P))
+        mem0, mem1 = (b / (hw.bandwidth_tb_s * 1e12) for b in (b0, b1))
+        cmp0, cmp1 = (f / (hw.bf16_tflops * 1e12) for f in (f0, f1))
         t0, t1 = perfmodel.roofline_time_s(hw, f0, b0), perfmodel.roofline_time_s(hw, f1, b1)
         rows.append(dict(k=k, qlen=q, padded_qlen=P, extra_rows=batch * (P - q), heads=heads, batch=batch,
-                         context=context, hardware=hw.name, bytes_pct=100 * (b1 / b0 - 1), flops_pct=100 * (f1 / f0 - 1),
+                         context=context, hardware=hw.name, bytes_pct=100 * (b1 / b0 - 1),
+                         flops_pct=100 * (f1 / f0 - 1),
                          time_us=t0 * 1e6, padded_time_us=t1 * 1e6, time_pct=100 * (t1 / t0 - 1),
-                         bound="memory" if b0 / (hw.bandwidth_tb_s * 1e12) >= f0 / (hw.bf16_tflops * 1e12) else "compute",
-                         padded_bound="memory" if b1 / (hw.bandwidth_tb_s * 1e12) >= f1 / (hw.bf16_tflops * 1e12)
-                         else "compute"))
+                         bound="memory" if mem0 >= cmp0 else "compute",
+                         padded_bound="memory" if mem1 >= cmp1 else "compute"))
     return rows
 
 
@@ -204,9 +211,10 @@ def padding_cost_figure(ks: Sequence[int] = range(1, 16), *, heads: Sequence[int
     buttons = [dict(label=f"{h} heads", method="update",
                     args=[{"visible": [i // n == j for i in range(len(heads) * n)]}]) for j, h in enumerate(heads)]
     fig.update_layout(
-        title=f"Cost of padding verification to the next power of two (roofline, batch {batch}, context {context})",
+        title=f"Cost of padding verification to the next power of two<br><sup>roofline, batch {batch}, "
+              f"context {context}; the dropdown picks the heads per GPU</sup>",
         xaxis={"title": "k (verification qlen k + 1)", "dtick": 1}, yaxis={"title": "extra time (%)"},
-        template="plotly_white", width=820, height=440,
+        template="plotly_white", width=760, height=440,
         updatemenus=[dict(buttons=buttons, x=1.0, xanchor="right", y=1.16, yanchor="top")],
     )
     return fig
@@ -267,7 +275,7 @@ def measured_padding_figure(rows: Sequence[dict[str, Any]], note: str = "") -> g
         if all(key in r for r in rows):
             fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=name, marker_color=color,
                                  hovertemplate=f"{name}: +%{{y:.1f}} %<extra></extra>"))
-    fig.update_layout(barmode="group", title="Padding verification to the next power of two: measured vs modelled"
+    fig.update_layout(barmode="group", title="Padding to the next power of two: measured vs modelled"
                       + (f"<br><sup>{note}</sup>" if note else ""), yaxis={"title": "extra time (%)"},
-                      template="plotly_white", width=820, height=440)
+                      template="plotly_white", width=760, height=460, legend={"orientation": "h", "x": 0, "y": -0.25})
     return fig
