@@ -80,18 +80,30 @@ def time_eager(fn: Callable[[], Any], *, reps: int = 20, repeats: int = 15, warm
     return statistics.median(times)
 
 
-def copy_bandwidth(nbytes: int = 2 << 30) -> dict[str, float]:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
+def copy_bandwidth(nbytes: int = 2 << 30) -> dict[str, Any]:
+    """Device copy bandwidth in GB/s (bytes read + written), measured three ways; the ceiling is the largest.
 
-    ``nbytes`` per buffer (default 2 GiB, far above any L2) so the cache does not flatter it.
+    ``graph_memcpy``: ``copy_`` captured in a CUDA graph, where it becomes a memcpy node (on the H200
+    here only ~2.7 TB/s); ``eager_copy``: the same ``copy_`` launched eagerly; ``graph_kernel``: an
+    elementwise copy kernel (``torch.bitwise_not``) under graph replay (both ~4.2-4.3 TB/s). Taking the
+    largest is the conservative choice for bars expressed as a fraction of it. ``nbytes`` per buffer
+    (default 2 GiB, far above any L2) so the cache does not flatter it.
+
+    Returns ``{"gb_s", "method", "runs": {method: gb_s}, "bytes_per_buffer"}``.
     """
     device = require_gpu()
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    src = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device=device)
     dst = torch.empty_like(src)
-    us = time_cuda_graph(lambda: dst.copy_(src), graph_reps=5, repeats=20)
+    per_s = 2 * nbytes * 1e6 / 1e9  # GB moved (read + write) times 1e6 us/s
+    runs = {
+        "graph_memcpy": per_s / time_cuda_graph(lambda: dst.copy_(src), graph_reps=5, repeats=20),
+        "eager_copy": per_s / time_eager(lambda: dst.copy_(src), reps=5, repeats=10),
+        "graph_kernel": per_s / time_cuda_graph(lambda: torch.bitwise_not(src, out=dst), graph_reps=5, repeats=10),
+    }
     del src, dst
     torch.cuda.empty_cache()
-    return {"bytes_per_buffer": nbytes, "time_us": us, "gb_s": 2 * nbytes / (us * 1e-6) / 1e9}
+    method = max(runs, key=runs.get)
+    return {"gb_s": runs[method], "method": method, "runs": runs, "bytes_per_buffer": nbytes}
 
 
 def provenance(command: str | None = None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Formulas, stated before measuring (bf16, per call, B requests of L cached tokens
 
 * bytes that must move: the KV rows, ``B * L * 576 * 2`` (q and the output are under 1 % at L >= 1k);
   effective KV-read bandwidth = that / time, compared with the device-to-device copy bandwidth
-  measured in the same run (bytes read + written; the largest of three methods, :func:`copy_ceiling`);
+  measured in the same run (bytes read + written; the largest of three methods, :func:`workbench.bench.common.copy_bandwidth`);
 * FLOPs: ``2 * H * qlen * L * (576 + 512)`` per request (QK^T over 576 dims, PV over 512; the causal
   mask's saving, under qlen/L, is ignored); TFLOP/s compared with a bf16 matrix product measured in
   the same run.
@@ -251,18 +251,6 @@ def evaluate_bars(results: list[dict], copy_gb_s: float) -> list[dict]:
     return out
 
 
-def copy_ceiling() -> dict[str, Any]:
-    """The copy ceiling, measured three ways by :func:`workbench.bench.expand.copy_ceilings` (one way
-    to do it in this project); the ceiling is the largest. A ``copy_`` captured in a CUDA graph becomes
-    a memcpy node that measured only ~2.7 TB/s on the H200 here; eager ``copy_`` and an elementwise copy
-    kernel reach ~4.2-4.3 TB/s."""
-    from workbench.bench.expand import copy_ceilings  # noqa: PLC0415
-
-    runs = copy_ceilings()
-    method = max(runs, key=runs.get)
-    return {"gb_s": runs[method], "method": method, "runs": runs, "bytes_per_buffer": 2 << 30}
-
-
 def read_bandwidth(nbytes: int = 4 << 30) -> dict[str, float]:
     """Read-only bandwidth: a bf16 ``amax`` over ``nbytes`` (what a decode kernel mostly does: read)."""
     dev = common.require_gpu()
@@ -320,7 +308,7 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         # The matmul first: it takes the clocks out of idle, which an idle-first copy measurement
         # would otherwise report as the ceiling (seen: 2.7 TB/s cold vs ~4.2 warm).
         matmul = matmul_tflops()
-        ceilings = {"copy": copy_ceiling(), "matmul_bf16": matmul, "read_only": read_bandwidth()}
+        ceilings = {"copy": common.copy_bandwidth(), "matmul_bf16": matmul, "read_only": read_bandwidth()}
     log(f"copy bandwidth {ceilings['copy']['gb_s']:.0f} GB/s (read + write; all: "
         f"{ceilings['copy'].get('runs', {})}); read-only {ceilings.get('read_only', {}).get('gb_s', float('nan')):.0f} "
         "GB/s; "
@@ -346,7 +334,7 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         log(f"{h:4d} {q:4d} {b:4d} {l:6d} {r['num_splits']:6d} {r['triton_us']:9.1f} {r['kv_gb_s']:7.0f} "
             f"{r['tflops']:8.1f} {t_us}")
     if dev.type == "cuda" and "copy_end" not in ceilings:
-        ceilings["copy_end"] = copy_ceiling()  # again at the end: the ceiling is the best seen
+        ceilings["copy_end"] = common.copy_bandwidth()  # again at the end: the ceiling is the best seen
         log(f"copy bandwidth at the end {ceilings['copy_end']['gb_s']:.0f} GB/s")
         if ceilings["copy_end"]["gb_s"] > ceilings["copy"]["gb_s"]:
             ceilings["copy"] = ceilings["copy_end"]

@@ -22,7 +22,7 @@ Contenders, all timed under CUDA-graph replay except the dense one:
 Also measured, for context: the write-only ``fill_`` bandwidth, a ``fill_`` of each case's output buffer
 (the same bytes written with no indexing at all), and the time of a one-store kernel under the same
 replay (the floor any launch pays). The copy ceiling is the largest of three copy measurements
-(:func:`copy_ceilings`), taken before and after the cases.
+(:func:`workbench.bench.common.copy_bandwidth`), taken before and after the cases.
 
 Bars (H200, K = 16): at 512 x 128k at least 90 % of the copy bandwidth; at most 2 us at 1 x 97k
 and at 256 x 4k; at least 10x faster than ``serial`` at 1 x 97k.
@@ -116,26 +116,6 @@ def launch_floor_us() -> float:
     return time_cuda_graph(lambda: _one_store[(1,)](x))
 
 
-def copy_ceilings(nbytes: int = 2 << 30) -> dict[str, float]:
-    """Device copy bandwidth three ways, in GB/s (bytes read + written); the ceiling is the largest.
-
-    ``graph_memcpy`` is :func:`workbench.bench.common.copy_bandwidth` (``copy_`` captured in a graph,
-    where it becomes a memcpy node); ``eager_copy`` times the same ``copy_`` launched eagerly; ``graph_kernel``
-    copies with an elementwise kernel (``torch.bitwise_not``) under graph replay. On the H200 here the
-    memcpy node measured about 2.7 TB/s and the other two about 4.2-4.3 TB/s.
-    """
-    device = require_gpu()
-    out = {"graph_memcpy": copy_bandwidth(nbytes)["gb_s"]}
-    src = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device=device)
-    dst = torch.empty_like(src)
-    out["eager_copy"] = 2 * nbytes / (time_eager(lambda: dst.copy_(src), reps=5, repeats=10) * 1e-6) / 1e9
-    out["graph_kernel"] = 2 * nbytes / (time_cuda_graph(lambda: torch.bitwise_not(src, out=dst), graph_reps=5,
-                                                        repeats=10) * 1e-6) / 1e9
-    del src, dst
-    torch.cuda.empty_cache()
-    return out
-
-
 def fill_bandwidth(nbytes: int = 256 << 20) -> dict[str, float]:
     """Write-only bandwidth (``torch.fill_`` on an int32 buffer), bytes written over time."""
     buf = torch.empty(nbytes // 4, dtype=torch.int32, device=require_gpu())
@@ -220,12 +200,12 @@ def run(cases: tuple[tuple[int, int], ...] = CASES, K: int = K_DEFAULT, *, sweep
     require_gpu()
     # The GPU idles at low clocks: warm it up with copies first, and measure the ceilings again at the end;
     # the largest copy bandwidth of all is the ceiling (the conservative choice for the bar).
-    copies = [copy_ceilings(), copy_ceilings()]
+    copies = [copy_bandwidth()["runs"], copy_bandwidth()["runs"]]
     floor_us = launch_floor_us()
     fill = fill_bandwidth()
     results = [run_case(r, n, K, copy_gb_s=max(max(c.values()) for c in copies), sweep=sweep, dense=dense)
                for r, n in cases]
-    copies.append(copy_ceilings())
+    copies.append(copy_bandwidth()["runs"])
     best = max(((k, v) for c in copies for k, v in c.items()), key=lambda kv: kv[1])
     copy = {"gb_s": best[1], "method": best[0], "bytes_per_buffer": 2 << 30}
     for res in results:  # fractions against the final ceiling
