@@ -75,6 +75,7 @@ CONFIGS = {
     "default": None,
     "chunk16": E.ExpandConfig(block_t=16),
     "chunk32-stride2": E.ExpandConfig(block_t=32, max_chunk_programs=2),
+    "chunk64-8warps-streaming": E.ExpandConfig(block_t=64, num_warps=8, streaming_stores=True),
 }
 
 
@@ -113,6 +114,40 @@ def test_chunk_boundaries_never_write_past_the_end(prefix):
     for n in range(0, 3 * 16 + 2):
         block_table, seq_lens, num_blocks = make_batch([prefix, n], 4, seed=n)
         check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=config)
+
+
+@pytest.mark.parametrize("K", [4, 16])
+def test_full_rows_are_never_read_past_their_end(K):
+    # No padding columns and chunks wider than a row. The kernel loads block ids before it knows the
+    # request's length, bounded by the row's width instead; the result must not depend on what lies past
+    # a row. (That nothing past the last row is READ is not observable here; compute-sanitizer would see it.)
+    lens = [3 * K, 2 * K, 3 * K - 1, 0, 3 * K]
+    block_table, seq_lens, num_blocks = make_batch(lens, K, seed=7, pad_blocks=0)
+    assert block_table.shape[1] * K == max(lens)
+    check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=E.ExpandConfig(block_t=64))
+
+
+def test_prefix_sum_over_several_steps(monkeypatch):
+    # More requests than seq_lens summed per step (1024 on a GPU; 16 here): the prefix sum loops.
+    monkeypatch.setattr(E, "MAX_BLOCK_R", 16)
+    rng = random.Random(11)
+    lens = [rng.randint(0, 40) for _ in range(37)]
+    block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=11)
+    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+
+
+@pytest.mark.parametrize("config", ["default", "chunk16"])
+def test_precomputed_kv_indptr_path(config):
+    # INDPTR_IN (the benchmark's measure of the prefix sum's cost): start and length come from kv_indptr.
+    block_table, seq_lens, _ = make_batch([5, 0, 33, 17, 64], 16, seed=4)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+    out = torch.full((ref_indices.numel() + 9,), SENTINEL, dtype=torch.int32, device=DEV)
+    indptr = ref_indptr.to(DEV)
+    E._launch_expand(block_table, seq_lens, 16, out, indptr, 64, CONFIGS[config] or E.expand_config(5, 64),
+                     indptr_in=True)
+    assert torch.equal(out[:ref_indices.numel()].cpu(), ref_indices)
+    assert (out[ref_indices.numel():] == SENTINEL).all()
+    assert torch.equal(indptr.cpu(), ref_indptr), "the INDPTR_IN path must not write kv_indptr"
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

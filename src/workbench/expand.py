@@ -288,60 +288,85 @@ def _check_runs_here(t: torch.Tensor) -> None:
 
 
 @triton.jit
+def _chunk_indices(row, max_blocks, tok0, K: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Flat rows of tokens ``tok0 .. tok0 + BLOCK_T - 1`` of one request: ``(BLOCK_T,) int32``.
+
+    Reads only ``row[0 : max_blocks]`` (entries past the row are 0); it does not need the request's
+    length, so it can be issued before that length is known.
+    """
+    # tok0 + lane < 2**31 + BLOCK_T fits uint32; unsigned // and % by the constexpr K are a shift and a mask.
+    t = tok0.to(tl.uint32) + tl.arange(0, BLOCK_T).to(tl.uint32)
+    b = t // K
+    blk = tl.load(row + b, mask=b < max_blocks, other=0)
+    return (blk * K + (t % K).to(tl.int32)).to(tl.int32)
+
+
+@triton.jit
+def _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T: tl.constexpr, STORE_CACHE: tl.constexpr):
+    """Write the chunk's indices at ``kv_indices[start + tok0 :]``, only the tokens below ``seq_len``."""
+    lane = tl.arange(0, BLOCK_T)
+    base = start + tok0  # int64: output position of token tok0 of this request
+    if tok0 <= seq_len - BLOCK_T:  # a full chunk (written this way round so that it cannot overflow int32)
+        if base % 4 == 0:  # 16-byte aligned: tell the compiler, so the stores become 16-byte vector stores
+            tl.store(kv_indices_ptr + tl.multiple_of(base, 4) + lane, vals, cache_modifier=STORE_CACHE)
+        else:
+            tl.store(kv_indices_ptr + base + lane, vals, cache_modifier=STORE_CACHE)
+    else:  # the request's last, partial chunk (or a chunk past its end: nothing is written)
+        tl.store(kv_indices_ptr + base + lane, vals, mask=lane < seq_len - tok0, cache_modifier=STORE_CACHE)
+
+
+@triton.jit
 def _expand_page_indices_kernel(
     block_table_ptr,  # (num_reqs, max_blocks_per_req) int32/int64 block ids
     block_table_stride,  # elements between consecutive rows of block_table
+    max_blocks,  # max_blocks_per_req (the row width): loads never go past it
     seq_lens_ptr,  # (num_reqs,) int32/int64 tokens per request
     kv_indptr_ptr,  # (num_reqs + 1,) int32: out (written by chunk-program 0 of each request), or in if INDPTR_IN
     kv_indices_ptr,  # (>= sum(seq_lens),) int32 out: flat token rows
     K: tl.constexpr,  # kernel block size (tokens per block); constexpr so // and % become shifts or multiplies
-    BLOCK_T: tl.constexpr,  # tokens per chunk; chunks are aligned to multiples of BLOCK_T in the OUTPUT
+    BLOCK_T: tl.constexpr,  # tokens per chunk; chunk c of a request holds its tokens c*BLOCK_T .. (c+1)*BLOCK_T - 1
     BLOCK_R: tl.constexpr,  # seq_lens read per step of this request's prefix sum
+    PREFIX_LOOP: tl.constexpr,  # num_reqs > BLOCK_R: the prefix sum takes several steps
     INDPTR_IN: tl.constexpr,  # read start/end from a precomputed kv_indptr instead of summing seq_lens
     STORE_CACHE: tl.constexpr,  # cache modifier of the index stores ("" default, ".cs" streaming)
 ):
     r = tl.program_id(0)  # request
     c = tl.program_id(1)  # this program's first chunk; it then strides by the grid's second dimension
     n_c = tl.num_programs(1)
+    row = block_table_ptr + r.to(tl.int64) * block_table_stride
 
-    # Output positions are int64 so that chunk arithmetic near sum(seq_lens) = 2**31 - 1 cannot wrap;
-    # token offsets inside a request stay int32 (cheaper // and %).
+    # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
+    #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
+    #    the two memory latencies overlap instead of adding up.
+    tok0 = c * BLOCK_T
+    vals = _chunk_indices(row, max_blocks, tok0, K, BLOCK_T)
+
+    # 2. Where the request starts in kv_indices: start = sum(seq_lens[:r]), computed here so that the whole
+    #    expansion is one launch (no separate cumsum). int64, so nothing wraps near sum(seq_lens) = 2**31 - 1.
     if INDPTR_IN:
         start = tl.load(kv_indptr_ptr + r).to(tl.int64)
         seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
     else:
-        # start = sum(seq_lens[:r]), computed here so the whole expansion is one launch (no separate cumsum).
-        start = tl.program_id(0).to(tl.int64) * 0
-        for i in range(0, r, BLOCK_R):
-            offs = i + tl.arange(0, BLOCK_R)
-            start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
+        offs = tl.arange(0, BLOCK_R)
         seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-    end = start + seq_len
-    if not INDPTR_IN:
+        start = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
+        if PREFIX_LOOP:
+            for i in range(BLOCK_R, r, BLOCK_R):
+                o = i + offs
+                start += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64))
         if c == 0:
-            tl.store(kv_indptr_ptr + r + 1, end.to(tl.int32))
+            tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
             if r == 0:
                 tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
 
-    row = block_table_ptr + r.to(tl.int64) * block_table_stride
-    lane = tl.arange(0, BLOCK_T)
-    # Chunks are aligned to BLOCK_T in the output (not in the request), so every full chunk is an
-    # aligned, unmasked, vectorised (16-byte) store; only the (at most two) edge chunks of a request are masked.
-    first = start // BLOCK_T
-    last = (end + BLOCK_T - 1) // BLOCK_T
-    for chunk in range(first + c, last, n_c):
-        base = tl.multiple_of(chunk * BLOCK_T, BLOCK_T)  # first output position of the chunk
-        off = (base - start).to(tl.int32)  # its token position inside the request (negative at a left edge)
-        t = off + lane
-        dst = kv_indices_ptr + base + lane
-        if (off >= 0) & (off + BLOCK_T <= seq_len):
-            tu = t.to(tl.uint32)  # t >= 0 here: unsigned // and % by the constexpr K are a shift and a mask
-            blk = tl.load(row + tu // K)
-            tl.store(dst, (blk * K + (tu % K).to(tl.int32)).to(tl.int32), cache_modifier=STORE_CACHE)
-        else:
-            m = (t >= 0) & (t < seq_len)
-            blk = tl.load(row + t // K, mask=m, other=0)
-            tl.store(dst, (blk * K + t % K).to(tl.int32), mask=m, cache_modifier=STORE_CACHE)
+    # 3. Store; the full chunks of a request are unmasked (16-byte vector stores when the output position is
+    #    a multiple of 4), only its last chunk is masked. Programs then stride over the request's other chunks
+    #    (only when the grid's second dimension is capped below the request's chunk count).
+    _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T, STORE_CACHE)
+    for chunk in range(c + n_c, tl.cdiv(seq_len, BLOCK_T), n_c):
+        tok = chunk * BLOCK_T
+        _store_chunk(kv_indices_ptr, _chunk_indices(row, max_blocks, tok, K, BLOCK_T), start, seq_len, tok,
+                     BLOCK_T, STORE_CACHE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,23 +386,23 @@ STREAMING_STORE_BYTES = 64 << 20
 def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens.
 
-    From the H200 sweep (``workbench bench expand --sweep``): 1024-token chunks and 4 warps were best or
-    within noise of the best at every shape measured (1 x 97k to 512 x 128k); fewer programs that loop
-    (a grid cap) were slower; streaming stores helped only when the output is far larger than L2
-    (512 x 128k: 82 -> 78 us).
+    From the H200 sweep (``workbench bench expand --sweep``; numbers in the committed JSON and chapter 2).
     """
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     return ExpandConfig(block_t=1024, num_warps=4, streaming_stores=streaming)
 
 
+MAX_BLOCK_R = 1024  # seq_lens summed per step of a program's prefix sum
+
+
 def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len, config: ExpandConfig,
                    indptr_in: bool = False) -> None:
     num_reqs = block_table.shape[0]
-    chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t) + 1, config.max_chunk_programs))
-    block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
+    chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t), config.max_chunk_programs))
+    block_r = min(triton.next_power_of_2(max(num_reqs, 16)), MAX_BLOCK_R)
     _expand_page_indices_kernel[(num_reqs, chunks)](
-        block_table, block_table.stride(0), seq_lens, kv_indptr, kv_indices,
-        K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, INDPTR_IN=indptr_in,
+        block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices,
+        K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", num_warps=config.num_warps,
     )
 
