@@ -8,7 +8,9 @@ On CPU the kernels run under the Triton interpreter, so sizes stay small.
 
 from __future__ import annotations
 
+import json
 import random
+from importlib import resources
 
 import pytest
 import torch
@@ -437,6 +439,30 @@ def test_bench_byte_formula_and_bars():
         "latency at 256 x 4k": "PASS", "speed-up over serial at 1 x 97k": "PASS",
     }
     assert B.check_bars(cases[2:]) == [b for b in B.check_bars(cases) if b["case"] == (256, 4_096)]
+
+
+def test_bench_sweep_variants_compute_the_expansion():
+    # Every --sweep variant (run here once, untimed) must produce the spec's output; store_only writes 0..n-1.
+    from workbench.bench import expand as B
+
+    for lens in ([1500, 37, 0, 1031], [1024, 1024]):
+        block_table, seq_lens, _ = make_batch(lens, 16, seed=len(lens))
+        ref, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+        for v in B.SWEEP:
+            out = torch.full((ref.numel(),), SENTINEL, dtype=torch.int32, device=DEV)
+            indptr = ref_indptr.to(DEV) if v.indptr_in else torch.empty_like(ref_indptr, device=DEV)
+            fn, cfg = B._variant_launcher(v, block_table, seq_lens, 16, out, indptr, max(lens))
+            fn()
+            if v.kernel == "store_only":
+                assert torch.equal(out.cpu(), torch.arange(ref.numel(), dtype=torch.int32)), v.label
+            else:
+                assert torch.equal(out.cpu(), ref) and torch.equal(indptr.cpu(), ref_indptr), v.label
+    # The table prints a sweep (rows x cases) without error.
+    payload = json.loads(resources.files("workbench.data").joinpath("bench_expand_h200.json").read_text())
+    for c in payload["cases"][:2]:
+        c["sweep"] = [{"label": v.label, "us": 1.0 + i, "agree": i != 1} for i, v in enumerate(B.SWEEP)]
+    table = B.format_table(payload)
+    assert "v1 (output-aligned chunks)" in table and "2.00!" in table
 
 
 def test_bench_cli_without_gpu_says_why(capsys):

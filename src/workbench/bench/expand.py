@@ -24,6 +24,11 @@ Also measured, for context: the write-only ``fill_`` bandwidth, a ``fill_`` of e
 replay (the floor any launch pays). The copy ceiling is the largest of three copy measurements
 (:func:`workbench.bench.common.copy_bandwidth`), taken before and after the cases.
 
+``--sweep`` (:data:`SWEEP`, :func:`run_sweep`) also times, per case, launch parameters of the library
+kernel, its first revision (chunks aligned to the output, :func:`_expand_v1_kernel`), a precomputed
+``kv_indptr`` instead of the in-kernel prefix sum, and a store-only kernel writing the same bytes with no
+loads (the floor of any expansion kernel); every expansion variant's output is checked.
+
 Bars (H200, K = 16): at 512 x 128k at least 90 % of the copy bandwidth; at most 2 us at 1 x 97k
 and at 256 x 4k; at least 10x faster than ``serial`` at 1 x 97k.
 Nothing here imports plotly.
@@ -41,7 +46,7 @@ import triton.language as tl
 from workbench import expand as E
 from workbench.bench.common import copy_bandwidth, provenance, require_gpu, time_cuda_graph, time_eager, write_json
 
-__all__ = ["BARS", "CASES", "SWEEP", "Bar", "check_bars", "expand_bytes", "format_table", "run"]
+__all__ = ["BARS", "CASES", "SWEEP", "Bar", "Variant", "check_bars", "expand_bytes", "format_table", "run"]
 
 K_DEFAULT = 16
 
@@ -54,13 +59,43 @@ CASES: tuple[tuple[int, int], ...] = (
     (512, 131_072),
 )
 
-# Launch parameters tried by ``--sweep`` (``expand_config()`` is chosen from such a sweep): chunk size x warps x
-# grid cap (programs per request before they stride), then streaming stores, then reading a precomputed kv_indptr
-# (``indptr_in``: shows what the in-kernel prefix sum costs; its cumsum launch is not timed).
-SWEEP: tuple[tuple[E.ExpandConfig, bool], ...] = (
-    tuple((E.ExpandConfig(bt, w, cap), False) for bt in (1024, 2048, 4096) for w in (2, 4, 8) for cap in (65535, 16, 4))
-    + tuple((E.ExpandConfig(bt, 4, cap, True), False) for bt in (1024, 2048) for cap in (65535, 16))
-    + tuple((E.ExpandConfig(bt, 4), True) for bt in (1024, 2048, 4096))
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One line of the ``--sweep``: which kernel, with which launch parameters.
+
+    ``kernel``: ``"kernel"`` (the library's), ``"v1"`` (its first revision, chunks aligned to the output:
+    :func:`_expand_v1_kernel`) or ``"store_only"`` (writes the same number of int32 with no loads at all:
+    the floor any expansion kernel of this shape pays, :func:`_store_only_kernel`). ``streaming``: ``None``
+    follows :func:`workbench.expand.expand_config`'s rule. ``cap``: programs per request; ``"wave"`` picks
+    about one wave (``16 * SM count`` programs in all); ``None``: one program per chunk.
+    """
+
+    label: str
+    kernel: str = "kernel"
+    block_t: int = 1024
+    num_warps: int = 4
+    streaming: bool | None = None
+    cap: int | str | None = None
+    indptr_in: bool = False
+
+
+# What ``--sweep`` times, per case (``expand_config()`` is chosen from such a sweep). "default" runs first and
+# last, so the spread between the two is the noise of the sweep.
+SWEEP: tuple[Variant, ...] = (
+    Variant("default"),
+    Variant("v1 (output-aligned chunks)", kernel="v1"),
+    Variant("512/4", block_t=512),
+    Variant("1024/8", num_warps=8),
+    Variant("2048/4", block_t=2048),
+    Variant("2048/8", block_t=2048, num_warps=8),
+    Variant("4096/8", block_t=4096, num_warps=8),
+    Variant("streaming on", streaming=True),
+    Variant("streaming off", streaming=False),
+    Variant("one wave, striding", cap="wave"),
+    Variant("precomputed kv_indptr", indptr_in=True),
+    Variant("store only 1024/4", kernel="store_only"),
+    Variant("store only 4096/8", kernel="store_only", block_t=4096, num_warps=8),
+    Variant("default (again)"),
 )
 
 
@@ -102,10 +137,102 @@ def _one_store(x_ptr):  # the smallest kernel: one program, one store
     tl.store(x_ptr, 1)
 
 
-def _time_kernel(block_table, seq_lens, K, out, indptr, max_seq_len, config, indptr_in: bool = False) -> float:
-    if indptr_in:  # indptr already holds the cumulative seq_lens (the caller computed it)
-        return time_cuda_graph(lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, config,
-                                                        indptr_in=True))
+@triton.jit
+def _store_only_kernel(out_ptr, n, BLOCK: tl.constexpr):
+    """Writes ``out[i] = i`` for ``i < n``: the same bytes as an expansion of ``n`` tokens, with no loads."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, offs.to(tl.int32), mask=offs < n)
+
+
+@triton.jit
+def _expand_v1_kernel(
+    block_table_ptr, block_table_stride, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
+    K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, STORE_CACHE: tl.constexpr,
+):
+    """The library kernel's first revision, kept for the sweep's comparison: chunks aligned to the OUTPUT.
+
+    Every full chunk is then a 16-byte-aligned store, but a program must finish the prefix sum over
+    ``seq_lens[:r]`` before it knows which tokens (so which block ids) its chunk holds: the block-id load
+    waits for the prefix sum, two memory latencies in a row before the first store.
+    """
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    n_c = tl.num_programs(1)
+    start = tl.program_id(0).to(tl.int64) * 0
+    for i in range(0, r, BLOCK_R):
+        offs = i + tl.arange(0, BLOCK_R)
+        start += tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
+    seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+    end = start + seq_len
+    if c == 0:
+        tl.store(kv_indptr_ptr + r + 1, end.to(tl.int32))
+        if r == 0:
+            tl.store(kv_indptr_ptr, start.to(tl.int32))
+    row = block_table_ptr + r.to(tl.int64) * block_table_stride
+    lane = tl.arange(0, BLOCK_T)
+    for chunk in range((start // BLOCK_T) + c, (end + BLOCK_T - 1) // BLOCK_T, n_c):
+        base = tl.multiple_of(chunk * BLOCK_T, BLOCK_T)
+        off = (base - start).to(tl.int32)
+        t = off + lane
+        dst = kv_indices_ptr + base + lane
+        if (off >= 0) & (off + BLOCK_T <= seq_len):
+            tu = t.to(tl.uint32)
+            blk = tl.load(row + tu // K)
+            tl.store(dst, (blk * K + (tu % K).to(tl.int32)).to(tl.int32), cache_modifier=STORE_CACHE)
+        else:
+            m = (t >= 0) & (t < seq_len)
+            blk = tl.load(row + t // K, mask=m, other=0)
+            tl.store(dst, (blk * K + t % K).to(tl.int32), mask=m, cache_modifier=STORE_CACHE)
+
+
+def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, max_seq_len: int):
+    """A zero-argument launch of variant ``v`` (capturable), and the config it ran with."""
+    num_reqs = block_table.shape[0]
+    default = E.expand_config(num_reqs, max_seq_len)
+    streaming = default.streaming_stores if v.streaming is None else v.streaming
+    cap = 65535
+    if v.cap == "wave":
+        sms = torch.cuda.get_device_properties(block_table.device).multi_processor_count if block_table.is_cuda else 4
+        cap = max(1, 16 * sms // num_reqs)
+    elif v.cap is not None:
+        cap = int(v.cap)
+    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming)
+    if v.kernel == "kernel":
+        return (lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, cfg,
+                                         indptr_in=v.indptr_in)), cfg
+    if v.kernel == "v1":
+        chunks = max(1, triton.cdiv(max_seq_len, v.block_t) + 1)
+        block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
+        return (lambda: _expand_v1_kernel[(num_reqs, chunks)](
+            block_table, block_table.stride(0), seq_lens, indptr, out, K=K, BLOCK_T=v.block_t, BLOCK_R=block_r,
+            STORE_CACHE=".cs" if streaming else "", num_warps=v.num_warps)), cfg
+    if v.kernel == "store_only":
+        n = out.numel()
+        return (lambda: _store_only_kernel[(triton.cdiv(n, v.block_t),)](out, n, BLOCK=v.block_t,
+                                                                          num_warps=v.num_warps)), cfg
+    raise ValueError(f"Variant.kernel must be 'kernel', 'v1' or 'store_only', got {v.kernel!r}")
+
+
+def run_sweep(block_table, seq_lens, K: int, out, max_seq_len: int, nbytes: int, ref_out, ref_indptr):
+    """Time every :data:`SWEEP` variant on one case; check each expansion variant's output against the reference."""
+    rows = []
+    for v in SWEEP:
+        indptr = torch.empty_like(ref_indptr)
+        if v.indptr_in:
+            indptr.copy_(ref_indptr)
+        fn, cfg = _variant_launcher(v, block_table, seq_lens, K, out, indptr, max_seq_len)
+        out.fill_(-1)
+        us = time_cuda_graph(fn)
+        torch.cuda.synchronize()
+        row = {"label": v.label, "kernel": v.kernel, **dataclasses.asdict(cfg), "indptr_in": v.indptr_in,
+               "us": us, "gb_s": nbytes / (us * 1e-6) / 1e9}
+        if v.kernel != "store_only":
+            row["agree"] = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
+        rows.append(row)
+    return rows
+
+
+def _time_kernel(block_table, seq_lens, K, out, indptr, max_seq_len, config) -> float:
     return time_cuda_graph(lambda: E.expand_page_indices(
         block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=max_seq_len, validate=False, config=config))
 
@@ -166,15 +293,7 @@ def run_case(num_reqs: int, seq_len: int, K: int = K_DEFAULT, *, copy_gb_s: floa
     res["speedup_vs_serial"] = res["serial_us"] / res["kernel_us"]
 
     if sweep:
-        rows = []
-        for cfg, indptr_in in SWEEP:
-            if indptr_in:
-                indptr.copy_(serial_indptr)
-            us = _time_kernel(block_table, seq_lens, K, out, indptr, seq_len, cfg, indptr_in)
-            rows.append({**dataclasses.asdict(cfg), "indptr_in": indptr_in, "us": us, "gb_s": nbytes / (us * 1e-6) / 1e9})
-        torch.cuda.synchronize()
-        res["agree_sweep"] = bool(torch.equal(out, serial_out))
-        res["sweep"] = rows
+        res["sweep"] = run_sweep(block_table, seq_lens, K, out, seq_len, nbytes, serial_out, serial_indptr)
     del block_table, seq_lens, out, serial_out
     torch.cuda.empty_cache()
     return res
@@ -256,13 +375,13 @@ def format_table(payload: dict[str, Any]) -> str:
         lines.append(f"{b['name']:36} {b['op'] + ' ' + format(b['target'], 'g') + ' ' + b['unit']:>16} "
                      f"{b['value']:10.3g}  {b['verdict']}")
     if any("sweep" in c for c in payload["cases"]):
-        lines += ["", "sweep (block_t, num_warps -> us):"]
-        for c in payload["cases"]:
-            if "sweep" in c:
-                lines.append(f"{c['num_reqs']:>5} x {c['seq_len']:<6} (block_t/warps/cap[/cs][/in]: us)")
-                cells = [f"{s['block_t']}/{s['num_warps']}/{s['max_chunk_programs']}"
-                         f"{'/cs' if s['streaming_stores'] else ''}{'/in' if s['indptr_in'] else ''}:{s['us']:.2f}"
-                         for s in c["sweep"]]
-                for i in range(0, len(cells), 8):
-                    lines.append("      " + "  ".join(cells[i:i + 8]))
+        lines += ["", "sweep (us; '!' marks an expansion whose output disagreed with the serial kernel's):"]
+        shapes = [c for c in payload["cases"] if "sweep" in c]
+        lines.append(f"{'variant':28}" + "".join(f"{str(c['num_reqs']) + 'x' + str(c['seq_len']):>14}" for c in shapes))
+        for i, row in enumerate(shapes[0]["sweep"]):
+            cells = []
+            for c in shapes:
+                s = c["sweep"][i]
+                cells.append(f"{s['us']:13.2f}{'!' if s.get('agree') is False else ' '}")
+            lines.append(f"{row['label']:28}" + "".join(cells))
     return "\n".join(lines)
