@@ -524,7 +524,7 @@ def test_figures_build(sweeps):
 
 
 def test_padding_cost_model_uses_perfmodel():
-    rows = vq.padding_cost_rows(KS, heads=16, batch=64, context=4096, hardware="H200")
+    rows = perfmodel.padding_cost_rows(KS, heads=16, batch=64, context=4096, hardware="H200")
     for r in rows:
         b0 = perfmodel.mla_decode_bytes(16, 64, 4096, r["qlen"])
         b1 = perfmodel.mla_decode_bytes(16, 64, 4096, r["padded_qlen"])
@@ -538,11 +538,11 @@ def test_padding_cost_model_uses_perfmodel():
             assert r["time_pct"] == pytest.approx(r["bytes_pct"])  # memory-bound: time follows bytes
     assert len(vq.padding_cost_figure().data) == 6
     with pytest.raises(ValueError, match="hardware is 'TPU'"):
-        vq.padding_cost_rows(hardware="TPU")
+        perfmodel.padding_cost_rows(hardware="TPU")
 
 
 def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
-    rows, note = vq.measured_padding_overhead(tmp_path / "missing.json")
+    rows, note = perfmodel.measured_padding_overhead(tmp_path / "missing.json")
     assert rows == [] and "not in the repository" in note
     payload = {"provenance": {"device": "NVIDIA H200", "date_utc": "2026-01-01"}, "results": [
         dict(heads=16, batch=64, context=4096, qlen=q, triton_us=us)
@@ -550,17 +550,17 @@ def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
     ] + [dict(heads=16, batch=16, context=4096, qlen=6, triton_us=5.0)]}  # no qlen 8 partner: not reported
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(payload))
-    rows, note = vq.measured_padding_overhead(path)
+    rows, note = perfmodel.measured_padding_overhead(path)
     assert len(rows) == 1 and rows[0]["qlen"] == 6 and rows[0]["padded_qlen"] == 8
     assert rows[0]["overhead_pct"] == pytest.approx(5.0)
     assert "NVIDIA H200" in note and "1 measured" in note
-    assert rows[0]["model_pct"] == vq.padding_cost_rows([5], heads=16, batch=64, context=4096)[0]["time_pct"]
+    assert rows[0]["model_pct"] == perfmodel.padding_cost_rows([5], heads=16, batch=64, context=4096)[0]["time_pct"]
     assert "model_measured_pct" not in rows[0]  # no ceilings in this file: no measured-ceiling model
     payload["ceilings"] = {"read_only": {"gb_s": 3000.0}, "matmul_bf16": {"tflops": 600.0}}
     path.write_text(json.dumps(payload))
-    rows, _ = vq.measured_padding_overhead(path)
+    rows, _ = perfmodel.measured_padding_overhead(path)
     hw = perfmodel.Hardware("measured", "", 0, 3.0, 600.0, "test")
-    expected = vq.padding_cost_rows([5], heads=16, batch=64, context=4096, hardware=hw)[0]["time_pct"]
+    expected = perfmodel.padding_cost_rows([5], heads=16, batch=64, context=4096, hardware=hw)[0]["time_pct"]
     assert rows[0]["model_measured_pct"] == expected
     fig = vq.measured_padding_figure(rows, note)
     assert [t.name for t in fig.data] == ["measured (Triton kernel)", "roofline, measured ceilings",
@@ -571,8 +571,8 @@ def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
 
 def test_committed_h200_padding_measurement_if_present():
     """The committed benchmark, when present, yields only real (qlen, next power of two) pairs."""
-    rows, note = vq.measured_padding_overhead()
-    if not vq.BENCH_DECODE_H200.exists():
+    rows, note = perfmodel.measured_padding_overhead()
+    if not (perfmodel.DATA_DIR / "bench_decode_h200.json").exists():
         assert rows == [] and "not in the repository" in note
         return
     assert rows, note

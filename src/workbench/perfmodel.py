@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.qlen import is_pow2, next_pow2
+
 __all__ = [
     "AITER_2720_RATES",
     "BLOG_MI355X_KIMI",
@@ -71,6 +73,8 @@ __all__ = [
     "fit_target_step",
     "iid_rates",
     "is_power_of_two_qlen",
+    "measured_padding_overhead",
+    "padding_cost_rows",
     "load_measurement",
     "mla_decode_bytes",
     "mla_decode_flops",
@@ -305,8 +309,7 @@ def _tokens(k: int, rates: Sequence[float] | None, alpha: float | None) -> float
 
 def is_power_of_two_qlen(k: int) -> bool:
     """True when the verify query length ``k + 1`` is a power of two (safe with aiter, issue #2720)."""
-    q = k + 1
-    return q >= 1 and q & (q - 1) == 0
+    return is_pow2(k + 1)
 
 
 # ================================================================================================
@@ -1063,3 +1066,81 @@ def serial_expansion_published(target: TargetStepModel | None = None, *, k: int 
         out.update(verify_ms=verify, expand_vs_verify=expand_ms / verify)
     return out
 
+
+# ================================================================================================
+# Padding verification to a power of two (the mitigation of aiter #2720, chapter 5)
+# ================================================================================================
+
+
+def padding_cost_rows(ks: Sequence[int] = range(1, 16), *, heads: int = 16, batch: int = 64, context: int = 4096,
+                      hardware: str | Hardware = "H200") -> list[dict[str, Any]]:
+    """The cost model of padding verification from ``qlen = k + 1`` to ``P = next_pow2(k + 1)``, per layer.
+
+    For each ``k``: extra query rows ``batch * (P - qlen)``; bytes and FLOPs from
+    :func:`mla_decode_bytes` / :func:`mla_decode_flops` at ``qlen``
+    and at ``P``; roofline times (:func:`roofline_time_s`) on ``hardware``'s datasheet
+    figures (or a :class:`~workbench.Hardware` with measured ceilings). While both calls are
+    memory-bound the time grows only with the extra q and output bytes.
+    """
+    if isinstance(hardware, Hardware):
+        hw = hardware
+    elif hardware in HARDWARE:
+        hw = HARDWARE[hardware]
+    else:
+        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(HARDWARE)} "
+                         "or pass a Hardware")
+    rows = []
+    for k in ks:
+        q = k + 1
+        P = next_pow2(q)
+        b0, b1 = (mla_decode_bytes(heads, batch, context, n) for n in (q, P))
+        f0, f1 = (mla_decode_flops(heads, batch, context, n) for n in (q, P))
+        mem0, mem1 = (b / (hw.bandwidth_tb_s * 1e12) for b in (b0, b1))
+        cmp0, cmp1 = (f / (hw.bf16_tflops * 1e12) for f in (f0, f1))
+        t0, t1 = roofline_time_s(hw, f0, b0), roofline_time_s(hw, f1, b1)
+        rows.append(dict(k=k, qlen=q, padded_qlen=P, extra_rows=batch * (P - q), heads=heads, batch=batch,
+                         context=context, hardware=hw.name, bytes_pct=100 * (b1 / b0 - 1),
+                         flops_pct=100 * (f1 / f0 - 1),
+                         time_us=t0 * 1e6, padded_time_us=t1 * 1e6, time_pct=100 * (t1 / t0 - 1),
+                         bound="memory" if mem0 >= cmp0 else "compute",
+                         padded_bound="memory" if mem1 >= cmp1 else "compute"))
+    return rows
+
+
+def measured_padding_overhead(path: str | Path | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Padding overhead measured by ``workbench bench decode`` (Triton kernel, CUDA-graph replay).
+
+    For every (heads, batch, context) measured at a non-power-of-two ``qlen`` and at ``next_pow2(qlen)``,
+    one row with both times, the measured overhead, and two model predictions for the same shapes
+    (:func:`padding_cost_rows`): on the datasheet H200 (``model_pct``) and on a roofline built from the
+    ceilings measured in the same run (``model_measured_pct``: read-only bandwidth, else copy bandwidth,
+    and the bf16 matmul rate). Returns ``(rows, note)``; ``rows`` is empty and ``note`` says why when the
+    file is missing or holds no such pair. Nothing is invented: only measured pairs.
+    """
+    p = Path(path) if path is not None else DATA_DIR / "bench_decode_h200.json"
+    if not p.exists():
+        return [], f"{p.name} is not in the repository yet: no measured padding overhead to show"
+    payload = json.loads(p.read_text())
+    results = payload.get("results", [])
+    times = {(r["heads"], r["batch"], r["context"], r["qlen"]): r["triton_us"] for r in results if "triton_us" in r}
+    ceilings = payload.get("ceilings", {})
+    bw = (ceilings.get("read_only") or ceilings.get("copy") or {}).get("gb_s")
+    tf = (ceilings.get("matmul_bf16") or {}).get("tflops")
+    measured_hw = Hardware("measured", "", 0, bw / 1e3, tf, f"ceilings in {p.name}") if bw and tf else None
+    rows = []
+    for (h, b, ctx, q), us in sorted(times.items()):
+        P = next_pow2(q)
+        if q == P or (h, b, ctx, P) not in times:
+            continue
+        up = times[(h, b, ctx, P)]
+        row = dict(heads=h, batch=b, context=ctx, qlen=q, padded_qlen=P, us=us, padded_us=up,
+                   overhead_pct=100 * (up / us - 1),
+                   model_pct=padding_cost_rows([q - 1], heads=h, batch=b, context=ctx, hardware="H200")[0]["time_pct"])
+        if measured_hw is not None:
+            row["model_measured_pct"] = padding_cost_rows([q - 1], heads=h, batch=b, context=ctx,
+                                                          hardware=measured_hw)[0]["time_pct"]
+        rows.append(row)
+    prov = payload.get("provenance", {})
+    where = ", ".join(str(prov[k]) for k in ("device", "date_utc") if k in prov) or "no provenance recorded"
+    note = f"{p.name} ({where}): {len(rows)} measured (qlen, next power of two) pairs"
+    return rows, note

@@ -4,34 +4,29 @@
 * :func:`acceptance_figure`: vLLM's per-position acceptance rates of correct, faulty and padded runs,
   one ``k`` at a time (a dropdown picks it; static plotly, works on the site);
 * :func:`acceptance_length_figure`: mean acceptance length against ``k``, lossy runs marked;
-* :func:`padding_cost_rows` / :func:`padding_cost_figure`: the cost model of padding the verification
-  to the next power of two, from :mod:`workbench.perfmodel`'s byte and FLOP formulas and the roofline;
-* :func:`measured_padding_overhead`: the same overhead measured on an H200 with the Triton kernel,
-  read from the committed decode benchmark (``src/workbench/data/bench_decode_h200.json``) when present.
+* :func:`padding_cost_figure`: the cost model of padding the verification to the next power of two
+  (:func:`workbench.perfmodel.padding_cost_rows`);
+* :func:`measured_padding_figure`: the same overhead measured on an H200 with the Triton kernel
+  (:func:`workbench.perfmodel.measured_padding_overhead`, from the committed decode benchmark).
 
 Everything is deterministic: the inputs are seeded reports and formulas.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 
-from workbench import perfmodel
-from workbench.qlen import LosslessReport, ProbeReport, is_pow2, next_pow2
+from workbench.perfmodel import padding_cost_rows
+from workbench.qlen import LosslessReport, ProbeReport, is_pow2
 
 __all__ = [
-    "BENCH_DECODE_H200",
     "acceptance_figure",
     "acceptance_length_figure",
     "measured_padding_figure",
-    "measured_padding_overhead",
     "padding_cost_figure",
-    "padding_cost_rows",
     "probe_figure",
 ]
 
@@ -40,7 +35,6 @@ _VERDICT_TEXT = {"ok": "ok", "broadcast-fault": "bcast", "wrong": "WRONG"}
 _VERDICT_SCALE = [[0.0, "#2ca02c"], [0.33, "#2ca02c"], [0.34, "#d62728"], [0.66, "#d62728"],
                   [0.67, "#222222"], [1.0, "#222222"]]
 _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-BENCH_DECODE_H200 = Path(__file__).resolve().parent.parent / "data" / "bench_decode_h200.json"
 
 
 def probe_figure(reports: Sequence[ProbeReport]) -> go.Figure:
@@ -155,41 +149,6 @@ def acceptance_length_figure(groups: Mapping[str, Sequence[LosslessReport]]) -> 
     return fig
 
 
-def padding_cost_rows(ks: Sequence[int] = range(1, 16), *, heads: int = 16, batch: int = 64, context: int = 4096,
-                      hardware: str | perfmodel.Hardware = "H200") -> list[dict[str, Any]]:
-    """The cost model of padding verification from ``qlen = k + 1`` to ``P = next_pow2(k + 1)``, per layer.
-
-    For each ``k``: extra query rows ``batch * (P - qlen)``; bytes and FLOPs from
-    :func:`workbench.perfmodel.mla_decode_bytes` / :func:`~workbench.perfmodel.mla_decode_flops` at ``qlen``
-    and at ``P``; roofline times (:func:`~workbench.perfmodel.roofline_time_s`) on ``hardware``'s datasheet
-    figures (or a :class:`~workbench.perfmodel.Hardware` with measured ceilings). While both calls are
-    memory-bound the time grows only with the extra q and output bytes.
-    """
-    if isinstance(hardware, perfmodel.Hardware):
-        hw = hardware
-    elif hardware in perfmodel.HARDWARE:
-        hw = perfmodel.HARDWARE[hardware]
-    else:
-        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(perfmodel.HARDWARE)} "
-                         "or pass a perfmodel.Hardware")
-    rows = []
-    for k in ks:
-        q = k + 1
-        P = next_pow2(q)
-        b0, b1 = (perfmodel.mla_decode_bytes(heads, batch, context, n) for n in (q, P))
-        f0, f1 = (perfmodel.mla_decode_flops(heads, batch, context, n) for n in (q, P))
-        mem0, mem1 = (b / (hw.bandwidth_tb_s * 1e12) for b in (b0, b1))
-        cmp0, cmp1 = (f / (hw.bf16_tflops * 1e12) for f in (f0, f1))
-        t0, t1 = perfmodel.roofline_time_s(hw, f0, b0), perfmodel.roofline_time_s(hw, f1, b1)
-        rows.append(dict(k=k, qlen=q, padded_qlen=P, extra_rows=batch * (P - q), heads=heads, batch=batch,
-                         context=context, hardware=hw.name, bytes_pct=100 * (b1 / b0 - 1),
-                         flops_pct=100 * (f1 / f0 - 1),
-                         time_us=t0 * 1e6, padded_time_us=t1 * 1e6, time_pct=100 * (t1 / t0 - 1),
-                         bound="memory" if mem0 >= cmp0 else "compute",
-                         padded_bound="memory" if mem1 >= cmp1 else "compute"))
-    return rows
-
-
 def padding_cost_figure(ks: Sequence[int] = range(1, 16), *, heads: Sequence[int] = (16, 128), batch: int = 64,
                         context: int = 4096, hardware: Sequence[str] = ("H200", "MI300X", "MI355X")) -> go.Figure:
     """Roofline time overhead of padded verification (%) against ``k``, one line per (device, heads);
@@ -218,45 +177,6 @@ def padding_cost_figure(ks: Sequence[int] = range(1, 16), *, heads: Sequence[int
         updatemenus=[dict(buttons=buttons, x=1.0, xanchor="right", y=1.16, yanchor="top")],
     )
     return fig
-
-
-def measured_padding_overhead(path: str | Path | None = None) -> tuple[list[dict[str, Any]], str]:
-    """Padding overhead measured by ``workbench bench decode`` (Triton kernel, CUDA-graph replay).
-
-    For every (heads, batch, context) measured at a non-power-of-two ``qlen`` and at ``next_pow2(qlen)``,
-    one row with both times, the measured overhead, and two model predictions for the same shapes
-    (:func:`padding_cost_rows`): on the datasheet H200 (``model_pct``) and on a roofline built from the
-    ceilings measured in the same run (``model_measured_pct``: read-only bandwidth, else copy bandwidth,
-    and the bf16 matmul rate). Returns ``(rows, note)``; ``rows`` is empty and ``note`` says why when the
-    file is missing or holds no such pair. Nothing is invented: only measured pairs.
-    """
-    p = Path(path) if path is not None else BENCH_DECODE_H200
-    if not p.exists():
-        return [], f"{p.name} is not in the repository yet: no measured padding overhead to show"
-    payload = json.loads(p.read_text())
-    results = payload.get("results", [])
-    times = {(r["heads"], r["batch"], r["context"], r["qlen"]): r["triton_us"] for r in results if "triton_us" in r}
-    ceilings = payload.get("ceilings", {})
-    bw = (ceilings.get("read_only") or ceilings.get("copy") or {}).get("gb_s")
-    tf = (ceilings.get("matmul_bf16") or {}).get("tflops")
-    measured_hw = perfmodel.Hardware("measured", "", 0, bw / 1e3, tf, f"ceilings in {p.name}") if bw and tf else None
-    rows = []
-    for (h, b, ctx, q), us in sorted(times.items()):
-        P = next_pow2(q)
-        if q == P or (h, b, ctx, P) not in times:
-            continue
-        up = times[(h, b, ctx, P)]
-        row = dict(heads=h, batch=b, context=ctx, qlen=q, padded_qlen=P, us=us, padded_us=up,
-                   overhead_pct=100 * (up / us - 1),
-                   model_pct=padding_cost_rows([q - 1], heads=h, batch=b, context=ctx, hardware="H200")[0]["time_pct"])
-        if measured_hw is not None:
-            row["model_measured_pct"] = padding_cost_rows([q - 1], heads=h, batch=b, context=ctx,
-                                                          hardware=measured_hw)[0]["time_pct"]
-        rows.append(row)
-    prov = payload.get("provenance", {})
-    where = ", ".join(str(prov[k]) for k in ("device", "date_utc") if k in prov) or "no provenance recorded"
-    note = f"{p.name} ({where}): {len(rows)} measured (qlen, next power of two) pairs"
-    return rows, note
 
 
 def measured_padding_figure(rows: Sequence[dict[str, Any]], note: str = "") -> go.Figure:
