@@ -78,6 +78,7 @@ CONFIGS = {
     "chunk16": E.ExpandConfig(block_t=16),
     "chunk32-stride2": E.ExpandConfig(block_t=32, max_chunk_programs=2),
     "chunk64-8warps-streaming": E.ExpandConfig(block_t=64, num_warps=8, streaming_stores=True),
+    "chunk16-requests-first": E.ExpandConfig(block_t=16, chunks_first=False),
 }
 
 
@@ -136,6 +137,14 @@ def test_prefix_sum_over_several_steps(monkeypatch):
     lens = [rng.randint(0, 40) for _ in range(37)]
     block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=11)
     check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+
+
+def test_more_requests_than_grid_axis_1_allows(monkeypatch):
+    # Chunks-first puts requests on grid axis 1 (65535 at most on a GPU; 2 here): beyond that the launch
+    # falls back to requests first, with the same result.
+    monkeypatch.setattr(E, "GRID_AXIS1_MAX", 2)
+    block_table, seq_lens, num_blocks = make_batch([17, 0, 40, 5, 33], 4, seed=12)
+    check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=CONFIGS["chunk16"])
 
 
 @pytest.mark.parametrize("config", ["default", "chunk16"])

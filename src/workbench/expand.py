@@ -329,10 +329,19 @@ def _expand_page_indices_kernel(
     PREFIX_LOOP: tl.constexpr,  # num_reqs > BLOCK_R: the prefix sum takes several steps
     INDPTR_IN: tl.constexpr,  # read start/end from a precomputed kv_indptr instead of summing seq_lens
     STORE_CACHE: tl.constexpr,  # cache modifier of the index stores ("" default, ".cs" streaming)
+    CHUNKS_FIRST: tl.constexpr,  # grid is (chunks, requests) instead of (requests, chunks)
 ):
-    r = tl.program_id(0)  # request
-    c = tl.program_id(1)  # this program's first chunk; it then strides by the grid's second dimension
-    n_c = tl.num_programs(1)
+    # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
+    # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
+    # of hundreds of requests (regions a power-of-two apart in the 512 x 128k case).
+    if CHUNKS_FIRST:
+        r = tl.program_id(1)  # request
+        c = tl.program_id(0)  # this program's first chunk; it then strides by the grid's chunk dimension
+        n_c = tl.num_programs(0)
+    else:
+        r = tl.program_id(0)
+        c = tl.program_id(1)
+        n_c = tl.num_programs(1)
     row = block_table_ptr + r.to(tl.int64) * block_table_stride
 
     # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
@@ -375,8 +384,9 @@ class ExpandConfig:
 
     block_t: int = 1024  # tokens per chunk (power of two)
     num_warps: int = 4
-    max_chunk_programs: int = 65535  # cap of the grid's second dimension (CUDA's limit); programs then stride
+    max_chunk_programs: int = 65535  # programs per request (grid's chunk dimension); programs then stride
     streaming_stores: bool = False  # ".cs" stores (evict-first), for outputs far larger than L2
+    chunks_first: bool = True  # grid (chunks, requests): programs that run together write neighbouring output
 
 
 # Output size (bytes) above which index stores stream past L2 (".cs"): the H200's L2 holds 50-60 MB.
@@ -393,17 +403,22 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
 
 
 MAX_BLOCK_R = 1024  # seq_lens summed per step of a program's prefix sum
+GRID_AXIS1_MAX = 65535  # CUDA's limit on grid axis 1 (axis 0 allows 2**31 - 1)
 
 
 def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len, config: ExpandConfig,
                    indptr_in: bool = False) -> None:
     num_reqs = block_table.shape[0]
-    chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t), config.max_chunk_programs))
+    # CUDA allows 2**31 - 1 programs along grid axis 0 but only 65535 along axis 1.
+    chunks_first = config.chunks_first and num_reqs <= GRID_AXIS1_MAX
+    chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t), config.max_chunk_programs,
+                        2**31 - 1 if chunks_first else GRID_AXIS1_MAX))
     block_r = min(triton.next_power_of_2(max(num_reqs, 16)), MAX_BLOCK_R)
-    _expand_page_indices_kernel[(num_reqs, chunks)](
+    _expand_page_indices_kernel[(chunks, num_reqs) if chunks_first else (num_reqs, chunks)](
         block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
-        STORE_CACHE=".cs" if config.streaming_stores else "", num_warps=config.num_warps,
+        STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
+        num_warps=config.num_warps,
     )
 
 

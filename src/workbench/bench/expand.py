@@ -77,17 +77,17 @@ class Variant:
     streaming: bool | None = None
     cap: int | str | None = None
     indptr_in: bool = False
+    chunks_first: bool = True
 
 
 # What ``--sweep`` times, per case (``expand_config()`` is chosen from such a sweep). "default" runs first and
 # last, so the spread between the two is the noise of the sweep.
 SWEEP: tuple[Variant, ...] = (
     Variant("default"),
+    Variant("requests first (grid order)", chunks_first=False),
     Variant("v1 (output-aligned chunks)", kernel="v1"),
-    Variant("512/4", block_t=512),
     Variant("1024/8", num_warps=8),
     Variant("2048/4", block_t=2048),
-    Variant("2048/8", block_t=2048, num_warps=8),
     Variant("4096/8", block_t=4096, num_warps=8),
     Variant("streaming on", streaming=True),
     Variant("streaming off", streaming=False),
@@ -196,7 +196,7 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
         cap = max(1, 16 * sms // num_reqs)
     elif v.cap is not None:
         cap = int(v.cap)
-    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming)
+    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming, v.chunks_first)
     if v.kernel == "kernel":
         return (lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, cfg,
                                          indptr_in=v.indptr_in)), cfg
