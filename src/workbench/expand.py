@@ -307,8 +307,11 @@ def _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T: tl.constex
     lane = tl.arange(0, BLOCK_T)
     base = start + tok0  # int64: output position of token tok0 of this request
     if tok0 <= seq_len - BLOCK_T:  # a full chunk (written this way round so that it cannot overflow int32)
-        if base % 4 == 0:  # 16-byte aligned: tell the compiler, so the stores become 16-byte vector stores
-            tl.store(kv_indices_ptr + tl.multiple_of(base, 4) + lane, vals, cache_modifier=STORE_CACHE)
+        if base % 4 == 0:  # 16-byte aligned: the stores can be 16-byte vector stores
+            # (base // 4) * 4 equals base here, and the compiler can see that it is a multiple of 4. Not
+            # tl.multiple_of(base, 4): that marks the value base itself, in every branch, so the unaligned
+            # branch below became 16-byte stores too (a misaligned-address fault on an H200, first revision).
+            tl.store(kv_indices_ptr + (base // 4) * 4 + lane, vals, cache_modifier=STORE_CACHE)
         else:
             tl.store(kv_indices_ptr + base + lane, vals, cache_modifier=STORE_CACHE)
     else:  # the request's last, partial chunk (or a chunk past its end: nothing is written)
