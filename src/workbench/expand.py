@@ -399,7 +399,12 @@ STREAMING_STORE_BYTES = 64 << 20
 def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens.
 
-    From the H200 sweep (``workbench bench expand --sweep``; numbers in the committed JSON and chapter 2).
+    From the H200 sweep (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2):
+    1024-token chunks and 4 warps were best or within noise of the best at 256 x 4k and 512 x 128k (2048-token
+    chunks tied at 256 x 4k and were about 3 % slower at 512 x 128k; 8 warps were slightly faster at 1 x 97k,
+    1.45 against 1.52 us, and slower at the other two; fewer programs that stride over chunks were slower);
+    the chunks-first grid order took 512 x 128k from about 78 to 72 us; streaming stores helped only there
+    (about 75 -> 72 us), where the output is far larger than L2.
     """
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     return ExpandConfig(block_t=1024, num_warps=4, streaming_stores=streaming)

@@ -46,7 +46,7 @@ import triton.language as tl
 from workbench import expand as E
 from workbench.bench.common import copy_bandwidth, provenance, require_gpu, time_cuda_graph, time_eager, write_json
 
-__all__ = ["BARS", "CASES", "SWEEP", "Bar", "Variant", "check_bars", "expand_bytes", "format_table", "run"]
+__all__ = ["BARS", "CASES", "SWEEP", "Bar", "Variant", "check_bars", "expand_bytes", "format_sweep", "format_table", "run"]
 
 K_DEFAULT = 16
 
@@ -375,13 +375,21 @@ def format_table(payload: dict[str, Any]) -> str:
         lines.append(f"{b['name']:36} {b['op'] + ' ' + format(b['target'], 'g') + ' ' + b['unit']:>16} "
                      f"{b['value']:10.3g}  {b['verdict']}")
     if any("sweep" in c for c in payload["cases"]):
-        lines += ["", "sweep (us; '!' marks an expansion whose output disagreed with the serial kernel's):"]
-        shapes = [c for c in payload["cases"] if "sweep" in c]
-        lines.append(f"{'variant':28}" + "".join(f"{str(c['num_reqs']) + 'x' + str(c['seq_len']):>14}" for c in shapes))
-        for i, row in enumerate(shapes[0]["sweep"]):
-            cells = []
-            for c in shapes:
-                s = c["sweep"][i]
-                cells.append(f"{s['us']:13.2f}{'!' if s.get('agree') is False else ' '}")
-            lines.append(f"{row['label']:28}" + "".join(cells))
+        lines += ["", format_sweep(payload)]
+    return "\n".join(lines)
+
+
+def format_sweep(payload: dict[str, Any]) -> str:
+    """The ``--sweep`` part of a result: one row per :data:`SWEEP` variant, one column (us) per case."""
+    shapes = [c for c in payload["cases"] if "sweep" in c]
+    if not shapes:
+        return "no sweep in this result (run with --sweep)"
+    lines = ["sweep (us; '!' marks an expansion whose output disagreed with the serial kernel's):",
+             f"{'variant':28}" + "".join(f"{str(c['num_reqs']) + 'x' + str(c['seq_len']):>14}" for c in shapes)]
+    for i, row in enumerate(shapes[0]["sweep"]):
+        cells = []
+        for c in shapes:
+            s = c["sweep"][i]
+            cells.append(f"{s['us']:13.2f}{'!' if s.get('agree') is False else ' '}")
+        lines.append(f"{row['label']:28}" + "".join(cells))
     return "\n".join(lines)
