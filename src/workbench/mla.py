@@ -453,15 +453,39 @@ def _mla_decode_merge_kernel(
     LSE,  # (total_rows,) fp32
     total_rows,
     num_splits,
-    BLOCK_R: tl.constexpr,  # rows per program
+    BLOCK_R: tl.constexpr,  # rows per program (grid axis 0)
+    BLOCK_D: tl.constexpr,  # output columns per program (grid axis 1): D_LATENT // BLOCK_D programs per row block
+    SPLIT_CHUNK: tl.constexpr,  # splits loaded at once: (SPLIT_CHUNK, BLOCK_R, BLOCK_D) partials in flight
     D_LATENT: tl.constexpr,
 ):
+    """Merge the splits of BLOCK_R rows x BLOCK_D columns. Many small programs, each loading the partials of
+    up to SPLIT_CHUNK splits in one go (not one split after another), so the merge is short even when one
+    request has many splits: it reads from L2 at the parallelism of the whole GPU."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
-    out, lse = _merge_splits(MID_O, MID_LSE, rows, ok, total_rows, num_splits, BLOCK_R, D_LATENT, False)
-    d = tl.arange(0, D_LATENT)
-    tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
-    tl.store(LSE + rows, lse, mask=ok)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        sp = s0 + tl.arange(0, SPLIT_CHUNK)
+        prow = sp[:, None].to(tl.int64) * total_rows + rows[None, :]  # (SPLIT_CHUNK, BLOCK_R)
+        valid = (sp[:, None] < num_splits) & ok[None, :]
+        lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"))
+        o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m - m_safe)
+        w = tl.exp(lse_s - m_safe[None, :])  # (SPLIT_CHUNK, BLOCK_R); 0 for splits that saw no key
+        acc = acc * a[:, None] + tl.sum(w[:, :, None] * o_s, 0)
+        denom = denom * a + tl.sum(w, 0)
+        m = m_new
+    has = denom > 0.0
+    safe = tl.where(has, denom, 1.0)
+    tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
+             mask=ok[:, None])
+    if tl.program_id(1) == 0:
+        tl.store(LSE + rows, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,7 +501,9 @@ class TritonConfig:
     merge_tokens_per_split: int = 4  # the merge's cost per split (fused: one program reads every partial)
     programs_per_sm: int | None = None  # resident programs per SM; None: estimated from shared memory/registers
     max_splits: int = 128
-    merge_block_r: int = 16
+    merge_block_r: int = 16  # second-kernel merge: rows per program
+    merge_block_d: int = 32  # second-kernel merge: output columns per program (divides 512)
+    merge_split_chunk: int = 16  # second-kernel merge: splits loaded at once (a power of two)
     fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
 
     def resident_per_sm(self) -> int:
@@ -542,18 +568,26 @@ def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows.
 
     Under the interpreter: the smallest legal tiles (``tl.dot`` needs 16 in every dimension).
-    On a GPU: the configs ``workbench bench decode --tune`` chose on an H200 (tuning table in
-    src/workbench/data/bench_decode_h200.json): up to 16 rows (16 heads x qlen 1) one 16-row tile with
-    a fused merge; more rows (qlen > 1, or 128 heads) 32-row tiles, several programs per request.
+    On a GPU: the configs the focused sweeps of ``workbench.bench.decode.explore`` chose on an H200
+    (tables under ``explore`` in src/workbench/data/bench_decode_h200.json):
+
+    * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 64-token tiles, 4 warps, 2 stages (two
+      programs per SM), splits merged by the second kernel. Deeper pipelining (3 or 5 stages, which
+      prefetch the next tile's indices) spilled registers or cost occupancy and was slower; the second-kernel
+      merge beat the last-split merge at every bar point (its partials are read by hundreds of programs
+      at once instead of one program per request);
+    * up to 32 rows: 32x64 tiles, 4 warps, 2 stages;
+    * more rows (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
+      8 warps, 3 stages (the indices of the next tile prefetched): 20-30 % faster than 32-row tiles.
     """
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
-                            merge_overhead_tokens=8, programs_per_sm=1, max_splits=4)
-    if rows_per_req <= 16:  # memory-bound: 16-row tile, many splits, the last split merges
-        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, fused_merge=True,
-                            merge_overhead_tokens=0, merge_tokens_per_split=32)
-    # 32 rows x 64 keys, 4 warps: beat 64-row wgmma tiles with 8 warps (spills at 255 registers) on the H200
-    return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2)
+                            merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_d=KV_LORA_RANK)
+    if rows_per_req <= 16:
+        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
+    if rows_per_req <= 32:
+        return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
+    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1)
 
 
 def _note_compiled(config: TritonConfig, compiled: Any) -> None:
@@ -643,10 +677,11 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr, cache.stride(0), total_rows,
         scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=False, **common)
     _note_compiled(cfg, compiled)
-    merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r),)
+    merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r), KV_LORA_RANK // cfg.merge_block_d)
     _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
-                                         BLOCK_R=cfg.merge_block_r, D_LATENT=KV_LORA_RANK,
-                                         num_warps=4 if not device.interpreter_active() else 1)
+                                         BLOCK_R=cfg.merge_block_r, BLOCK_D=cfg.merge_block_d,
+                                         SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk),
+                                         D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1)
     return out, lse
 
 
@@ -924,6 +959,18 @@ class PageIndexMistake:
         return self.flat_max_err < 1e-4 and self.pages_max_err > 1e-2
 
 
+def _flat_metadata_on(block_table: torch.Tensor, seq_lens: torch.Tensor, query_lens: list[int], K: int,
+                      dev: torch.device) -> DecodeMetadata:
+    """``build_flat_decode_metadata`` run where its Triton kernel runs (the GPU when there is one, the
+    interpreter on CPU), with the result moved to ``dev`` (CPU inputs on a GPU machine would be refused)."""
+    from workbench.expand import build_flat_decode_metadata  # noqa: PLC0415 (one builder, in expand)
+
+    run_on = device.default_device()
+    md = build_flat_decode_metadata(block_table.to(run_on), seq_lens.to(run_on), list(query_lens), K)
+    return dataclasses.replace(md, qo_indptr=md.qo_indptr.to(dev), kv_indptr=md.kv_indptr.to(dev),
+                               kv_indices=md.kv_indices.to(dev), kv_last_page_lens=md.kv_last_page_lens.to(dev))
+
+
 def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int, ...] = (40, 23), heads: int = 16,
                                        seed: int = 0) -> PageIndexMistake:
     """Show the aiter #2996 failure mode with the golden: a paged cache addressed by *page* ids.
@@ -935,8 +982,6 @@ def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int,
     :func:`mla_decode_paged_ref` on the paged cache; the correct flat indices come from
     ``workbench.expand.build_flat_decode_metadata``.
     """
-    from workbench.expand import build_flat_decode_metadata  # noqa: PLC0415 (one builder, in expand)
-
     g = torch.Generator().manual_seed(seed)
     pages_per_req = [-(-n // page_size) for n in seq_lens]
     num_blocks = 1 + sum(pages_per_req) + 3  # block 0 reserved, a few spare
@@ -951,7 +996,7 @@ def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int,
     qo_indptr = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     golden, _ = mla_decode_paged_ref(q, cache, qo_indptr, block_table, seq)
     flat_view = cache.view(-1, QK_HEAD_DIM)  # what aiter sees: [num_blocks * page_size, 576]
-    md = build_flat_decode_metadata(block_table, seq, [1] * len(seq_lens), page_size)
+    md = _flat_metadata_on(block_table, seq, [1] * len(seq_lens), page_size, torch.device("cpu"))
     flat, _ = mla_decode_ref(q, flat_view, md.qo_indptr, md.kv_indptr, md.kv_indices)
     page_ids = torch.cat([block_table[r, :n] for r, n in enumerate(pages_per_req)])
     page_indptr = torch.tensor([0] + torch.tensor(pages_per_req).cumsum(0).tolist(), dtype=torch.int32)
@@ -993,8 +1038,6 @@ def make_decode_example(query_lens: list[int], seq_lens: list[int], heads: int, 
     """Random q and KV for a batch: blocks handed out in a random order (block 0 never), every slot no
     request owns filled with NaN so that a stray read shows up, and the flat metadata built by
     ``workbench.expand.build_flat_decode_metadata``."""
-    from workbench.expand import build_flat_decode_metadata  # noqa: PLC0415
-
     K = kernel_block_size
     g = torch.Generator().manual_seed(seed)
     pages = [-(-n // K) for n in seq_lens]
@@ -1011,5 +1054,5 @@ def make_decode_example(query_lens: list[int], seq_lens: list[int], heads: int, 
     dev = torch.device(device_)
     seq = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
     bt = block_table.to(dev)
-    md = build_flat_decode_metadata(bt, seq, list(query_lens), K)
+    md = _flat_metadata_on(bt, seq, list(query_lens), K, dev)
     return DecodeExample(q.to(dtype).to(dev), cache.to(dtype).to(dev), bt, seq, md)

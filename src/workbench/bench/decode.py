@@ -154,14 +154,12 @@ def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: i
 # ----------------------------------------------------------------------------------------------
 
 # (block_m, block_n, warps, stages, programs per SM or None = from the compiled kernel)
-MEM_CANDIDATES = [(16, 64, 4, 2, None), (16, 32, 4, 2, None), (16, 64, 8, 2, None), (16, 128, 8, 2, None),
-                  (16, 32, 2, 2, None)]
+MEM_CANDIDATES = [(16, 64, 4, 2, None), (16, 32, 4, 2, None), (16, 32, 4, 3, None), (16, 64, 8, 5, None)]
 MEM_POINTS = [(16, 1, 16, 4096), (16, 1, 64, 32768), (16, 1, 128, 8192), (16, 1, 64, 4096)]
-COMPUTE_CANDIDATES = [(64, 64, 8, 2, None), (64, 128, 8, 1, None), (64, 128, 8, 2, None), (32, 64, 4, 2, None),
-                      (32, 32, 4, 2, None), (64, 32, 8, 3, None)]
-COMPUTE_POINTS = [(128, 1, 64, 4096), (16, 8, 64, 4096), (16, 8, 64, 32768)]
-MID_CANDIDATES = [(32, 64, 4, 2, None), (32, 32, 4, 2, None), (64, 64, 8, 2, None), (16, 64, 4, 2, None)]
-MID_POINTS = [(16, 2, 64, 4096), (16, 4, 64, 4096), (16, 4, 64, 32768)]
+COMPUTE_CANDIDATES = [(64, 64, 8, 3, None), (64, 32, 8, 5, None), (32, 64, 4, 2, None), (64, 64, 8, 2, None)]
+COMPUTE_POINTS = [(128, 1, 64, 4096), (16, 4, 64, 4096), (16, 8, 64, 4096), (16, 8, 64, 32768)]
+MID_CANDIDATES = [(32, 64, 4, 2, None), (32, 32, 4, 2, None), (64, 64, 8, 3, None)]
+MID_POINTS = [(16, 2, 64, 4096), (16, 2, 64, 32768), (16, 2, 16, 4096)]
 
 
 def _score(configs: list[mla.TritonConfig], points, pool, timer, log) -> tuple[mla.TritonConfig, list[dict]]:
@@ -199,7 +197,7 @@ def _score(configs: list[mla.TritonConfig], points, pool, timer, log) -> tuple[m
 
 
 def tune(pool: CachePool, timer, log) -> tuple[dict[str, mla.TritonConfig], list[dict]]:
-    """Pick one launch configuration per regime (rows per request <= 16, <= 64, > 64)."""
+    """Pick one launch configuration per regime (rows per request <= 16, <= 32, > 32)."""
     mem = [mla.TritonConfig(bm, bn, w, st, programs_per_sm=r, fused_merge=f, merge_overhead_tokens=0 if f else 128,
                             merge_tokens_per_split=2 * bm if f else 4)
            for bm, bn, w, st, r in MEM_CANDIDATES for f in (False, True)]
@@ -218,7 +216,177 @@ def tune(pool: CachePool, timer, log) -> tuple[dict[str, mla.TritonConfig], list
 def _config_for(chosen: dict[str, mla.TritonConfig] | None, rows: int) -> mla.TritonConfig | None:
     if not chosen:
         return None
-    return chosen["mem"] if rows <= 16 else chosen["mid"] if rows <= 64 else chosen["compute"]
+    return chosen["mem"] if rows <= 16 else chosen["mid"] if rows <= 32 else chosen["compute"]
+
+
+# ----------------------------------------------------------------------------------------------
+# parallel compilation, and a focused sweep with forced split counts
+# ----------------------------------------------------------------------------------------------
+
+
+def _compile_one(job: tuple[mla.TritonConfig, int, int, int, int]) -> str:
+    """Worker: run one (config, heads, qlen, batch, num_splits) launch on a tiny context, so that Triton
+    compiles exactly the specialisations the timed run will use (they depend on the config, the head count
+    and the divisibility of ``batch * qlen * heads`` and ``num_splits``, not on the context length)."""
+    cfg, heads, qlen, batch, splits = job
+    dev = common.require_gpu()
+    context = max(qlen, splits * cfg.block_n)
+    pool = CachePool(batch * context, torch.bfloat16, dev, seed=1)
+    x = make_inputs(pool, heads, qlen, batch, context)
+    mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen, None,
+                          num_splits=splits, config=cfg)
+    torch.cuda.synchronize()
+    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} H{heads} q{qlen} B{batch} S{splits}"
+
+
+def precompile(jobs: list[tuple[mla.TritonConfig, int, int, int, int]], workers: int = 8, log=print) -> float:
+    """Compile the kernels of ``jobs`` in ``workers`` spawned processes (Triton's on-disk cache is shared),
+    so that the timed process loads them instead of compiling one after another. Returns the seconds taken."""
+    import concurrent.futures
+    import multiprocessing
+
+    t0 = time.time()
+    unique = list(dict.fromkeys(jobs))
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+        for fut in concurrent.futures.as_completed([ex.submit(_compile_one, j) for j in unique]):
+            try:
+                fut.result()
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile (shared memory): the sweep records it
+                log(f"  precompile failed: {type(exc).__name__}: {str(exc)[:160]}")
+    return time.time() - t0
+
+
+def precompile_grid(grid: list[tuple[int, int, int, int]] | None = None, workers: int = 10, log=print) -> float:
+    """Compile, in parallel, every launch the benchmark grid will time with the library's default configs
+    (:func:`workbench.mla.triton_config`), so that ``workbench bench decode`` then loads them from Triton's
+    cache. Returns the seconds taken."""
+    grid = grid or MAIN_GRID + QLEN_GRID
+    sm = mla._sm_count(common.require_gpu())
+    jobs = []
+    for h, q, b, l in grid:
+        cfg = mla.triton_config(q * h, torch.bfloat16)
+        jobs.append((cfg, h, q, b, mla.choose_num_splits(b, -(-q * h // cfg.block_m), l, cfg, sm)))
+    return precompile(jobs, workers=workers, log=log)
+
+
+def sweep(cases: list[tuple[str, mla.TritonConfig, tuple[int, int, int, int], list[int | None]]],
+          pool: CachePool, timer=None, log=print) -> list[dict[str, Any]]:
+    """Time each (label, config, (heads, qlen, batch, context), split counts) case; ``None`` in the split
+    list means the cost model's choice. Returns one row per timing with the compiled kernel's resources."""
+    timer = timer or _graph_timer
+    rows = []
+    for label, cfg, (h, q, b, l), split_list in cases:
+        x = make_inputs(pool, h, q, b, l, seed=h * 1000 + q * 100 + b)
+        out = torch.empty(b * q, h, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
+        row_blocks = -(-q * h // cfg.block_m)
+        for forced in split_list:
+            splits = forced or mla.choose_num_splits(b, row_blocks, l, cfg, mla._sm_count(pool.device))
+            try:
+                us = timer(lambda: mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"],
+                                                         x["kv_indices"], q, None, num_splits=splits, config=cfg,
+                                                         out=out))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: record it
+                rows.append(dict(label=label, config=dataclasses.asdict(cfg), heads=h, qlen=q, batch=b, context=l,
+                                 num_splits=splits, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                log(f"{label:28s} H{h:3d} q{q} B{b:3d} L{l:6d} S{splits:3d}: {type(exc).__name__}")
+                break
+            kv_bytes = b * l * KV_ROW_BYTES
+            flops = b * h * q * l * FLOPS_PER_TOKEN_HEAD
+            rows.append(dict(label=label, config=dataclasses.asdict(cfg), heads=h, qlen=q, batch=b, context=l,
+                             num_splits=splits, model_choice=forced is None, us=us,
+                             kv_gb_s=kv_bytes / (us * 1e-6) / 1e9, tflops=flops / (us * 1e-6) / 1e12,
+                             kernel=mla.compiled_kernel_report()))
+            k = rows[-1]["kernel"]
+            log(f"{label:28s} H{h:3d} q{q} B{b:3d} L{l:6d} S{splits:3d}{'*' if forced is None else ' '}: "
+                f"{us:8.1f} us {rows[-1]['kv_gb_s']:6.0f} GB/s {rows[-1]['tflops']:6.1f} TFLOP/s "
+                f"[regs {k.get('n_regs')} spills {k.get('n_spills')} smem {k.get('shared_bytes')}]")
+    return rows
+
+
+def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[int, int, int, int], list[int | None]]]:
+    """The focused sweeps behind the launch configs of :func:`workbench.mla.triton_config` (their tables are
+    committed under ``explore`` in the results JSON). Round 1: the old configs beside deeply pipelined ones
+    (``num_stages`` 5), fused and second-kernel merges, forced split counts. Round 2: ``num_stages`` 3 (the
+    next tile's indices prefetched; with 2 the index load stalls every tile) and 8 warps."""
+    tc = mla.TritonConfig
+    fused = dict(fused_merge=True, merge_overhead_tokens=0, merge_tokens_per_split=32)
+    old = ("old 16x64 w4 s2 fused", tc(16, 64, 4, 2, **fused))
+    if round_ == 1:
+        mem = [old, ("16x32 w4 s5", tc(16, 32, 4, 5)), ("16x32 w4 s5 fused", tc(16, 32, 4, 5, **fused)),
+               ("16x64 w4 s5", tc(16, 64, 4, 5)), ("16x64 w4 s5 fused", tc(16, 64, 4, 5, **fused)),
+               ("16x32 w8 s5", tc(16, 32, 8, 5)), ("16x16 w4 s5", tc(16, 16, 4, 5)), ("16x64 w8 s5", tc(16, 64, 8, 5))]
+        mem_points = [((16, 1, 16, 4096), [None, 4, 8, 12, 16, 24, 32]), ((16, 1, 64, 4096), [None, 2, 4, 8]),
+                      ((16, 1, 64, 32768), [None, 2, 4, 8]), ((16, 1, 128, 8192), [None, 1, 2, 4])]
+        big = [("old 32x64 w4 s2", tc(32, 64, 4, 2)), ("64x32 w8 s5", tc(64, 32, 8, 5)),
+               ("32x32 w4 s5", tc(32, 32, 4, 5))]
+        big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
+                      ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    else:
+        mem = [old, ("16x64 w4 s3 fused", tc(16, 64, 4, 3, **fused)), ("16x64 w4 s3", tc(16, 64, 4, 3)),
+               ("16x64 w4 s2", tc(16, 64, 4, 2)), ("16x64 w8 s3 fused", tc(16, 64, 8, 3, **fused)),
+               ("16x64 w8 s3", tc(16, 64, 8, 3)), ("16x32 w4 s3", tc(16, 32, 4, 3)), ("16x64 w8 s5", tc(16, 64, 8, 5))]
+        mem_points = [((16, 1, 16, 4096), [None, 8, 12, 16, 24]), ((16, 1, 64, 32768), [None, 3, 4, 6]),
+                      ((16, 1, 128, 8192), [None, 2, 3]), ((16, 1, 64, 4096), [None, 4])]
+        big = [("64x32 w8 s5", tc(64, 32, 8, 5)), ("64x32 w8 s3", tc(64, 32, 8, 3)), ("64x64 w8 s3", tc(64, 64, 8, 3))]
+        big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None]),
+                      ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    cases = [(lab, cfg, pt, sp) for lab, cfg in mem for pt, sp in mem_points]
+    cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
+    cases.append(old + mem_points[-1])  # the old default again at the end: run-to-run drift
+    return cases
+
+
+def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int, timer=None) -> float:
+    """Microseconds of the second-kernel merge alone on random partials (a diagnostic for the split choice)."""
+    timer = timer or _graph_timer
+    dev = common.require_gpu()
+    mid_o = torch.randn(num_splits, total_rows, mla.KV_LORA_RANK, device=dev)
+    mid_lse = torch.randn(num_splits, total_rows, device=dev)
+    out = torch.empty(total_rows, mla.KV_LORA_RANK, device=dev, dtype=torch.bfloat16)
+    lse = torch.empty(total_rows, device=dev)
+    grid = (-(-total_rows // block_r), mla.KV_LORA_RANK // block_d)
+    chunk = min(1 << (num_splits - 1).bit_length(), 16)
+    return timer(lambda: mla._mla_decode_merge_kernel[grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
+                                                            BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=chunk,
+                                                            D_LATENT=mla.KV_LORA_RANK, num_warps=4))
+
+
+MERGE_ONLY = [(16, 256), (8, 256), (4, 1024), (2, 2048)]  # (splits, rows): B=16, B=64 and B=128 at 16 heads
+MERGE_TILES = [(16, 32), (16, 64), (16, 128), (32, 64)]
+
+
+def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
+    """``phase="compile"``: compile every case of the focused sweep in parallel (fills Triton's cache);
+    ``phase="time"``: measure the ceilings and time every case, writing JSON with provenance to ``out``."""
+    cases = _explore_cases(round_)
+    dev = common.require_gpu()
+    sm = mla._sm_count(dev)
+    if phase == "compile":
+        jobs = []
+        for _, cfg, (h, q, b, l), split_list in cases:
+            rb = -(-q * h // cfg.block_m)
+            for forced in split_list:
+                jobs.append((cfg, h, q, b, forced or mla.choose_num_splits(b, rb, l, cfg, sm)))
+        log(f"precompiled {len(set(jobs))} launches in {precompile(jobs, workers=10, log=log):.0f} s")
+        return
+    matmul = matmul_tflops()
+    ceilings = {"copy": common.copy_bandwidth(), "matmul_bf16": matmul}
+    log(f"copy {ceilings['copy']['gb_s']:.0f} GB/s {ceilings['copy']['runs']}; matmul {matmul['tflops']:.0f} TFLOP/s")
+    pool = CachePool(max(b * l for _, _, (_, _, b, l), _ in cases), torch.bfloat16, dev)
+    t0 = time.time()
+    rows = sweep(cases, pool, log=log)
+    log(f"sweep took {time.time() - t0:.0f} s")
+    merge_rows = []
+    for splits, total_rows in MERGE_ONLY if round_ >= 2 else []:
+        for br, bd in MERGE_TILES:
+            us = time_merge_only(splits, total_rows, br, bd)
+            merge_rows.append(dict(num_splits=splits, total_rows=total_rows, block_r=br, block_d=bd, us=us))
+            log(f"merge only: {splits:2d} splits x {total_rows:4d} rows, tile {br}x{bd}: {us:6.1f} us")
+    ceilings["copy_end"] = common.copy_bandwidth()
+    log(f"copy at the end {ceilings['copy_end']['gb_s']:.0f} GB/s")
+    common.write_json(out, dict(benchmark="mla_decode_explore", provenance=common.provenance(), ceilings=ceilings,
+                                round=round_, rows=rows, merge_only=merge_rows))
 
 
 # ----------------------------------------------------------------------------------------------
