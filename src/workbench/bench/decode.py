@@ -352,6 +352,53 @@ def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int
                                                             D_LATENT=mla.KV_LORA_RANK, num_warps=4))
 
 
+def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context: int, cfg: mla.TritonConfig,
+                    num_splits: int, timer=None) -> float:
+    """Microseconds of the split kernel alone (partials written, no merge): with :func:`time_merge_only`
+    and the full call, where a call's time goes."""
+    timer = timer or _graph_timer
+    x = make_inputs(pool, heads, qlen, batch, context, seed=7)
+    total_rows = batch * qlen * heads
+    mid_o = torch.empty(num_splits, total_rows, mla.KV_LORA_RANK, device=pool.device)
+    mid_lse = torch.empty(num_splits, total_rows, device=pool.device)
+    grid = (-(-qlen * heads // cfg.block_m), num_splits, batch)
+    scale = mla.default_sm_scale() * mla._LOG2E
+    return timer(lambda: mla._mla_decode_split_kernel[grid](
+        x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
+        x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
+        FUSED_MERGE=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
+        D_ROPE=mla.QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def explain_fixed_cost(out: str, log=print) -> None:
+    """Round 3 of the sweep: where the fixed part of a 16-head qlen-1 call goes. Full calls over a context
+    sweep at B=128 (time = fixed + bytes / rate), the split kernel alone, the merge alone, one split
+    (no merge) and a one-tile call (the latency floor). Writes JSON with provenance to ``out``."""
+    dev = common.require_gpu()
+    matmul_tflops()  # clocks out of idle
+    copy = common.copy_bandwidth()
+    cfg = mla.triton_config(16, torch.bfloat16)
+    pool = CachePool(128 * 16384, torch.bfloat16, dev)
+    rows: list[dict[str, Any]] = []
+
+    def add(kind, b, l, s, us):
+        rows.append(dict(kind=kind, batch=b, context=l, num_splits=s, us=us,
+                         kv_gb_s=b * l * KV_ROW_BYTES / (us * 1e-6) / 1e9))
+        log(f"{kind:12s} B{b:4d} L{l:6d} S{s:3d}: {us:8.1f} us {rows[-1]['kv_gb_s']:6.0f} GB/s")
+
+    for b, l in [(128, 1024), (128, 2048), (128, 4096), (128, 8192), (128, 16384), (16, 4096), (64, 16384),
+                 (1, 64), (16, 64)]:
+        s = sweep([("full", cfg, (16, 1, b, l), [None])], pool, log=lambda *_: None)[0]
+        add("full", b, l, s["num_splits"], s["us"])
+        if s["num_splits"] > 1:
+            add("split only", b, l, s["num_splits"], time_split_only(pool, 16, 1, b, l, cfg, s["num_splits"]))
+            add("merge only", b, l, s["num_splits"], time_merge_only(s["num_splits"], b * 16, cfg.merge_block_r,
+                                                                    cfg.merge_block_d))
+    add("one split", 128, 8192, 1, sweep([("d", cfg, (16, 1, 128, 8192), [1])], pool, log=lambda *_: None)[0]["us"])
+    common.write_json(out, dict(benchmark="mla_decode_fixed_cost", provenance=common.provenance(),
+                                ceilings={"copy": copy}, config=dataclasses.asdict(cfg), rows=rows))
+
+
 MERGE_ONLY = [(16, 256), (8, 256), (4, 1024), (2, 2048)]  # (splits, rows): B=16, B=64 and B=128 at 16 heads
 MERGE_TILES = [(16, 32), (16, 64), (16, 128), (32, 64)]
 
