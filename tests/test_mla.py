@@ -488,3 +488,26 @@ def test_decode_figures_from_committed_results():
     empty = vmla.decode_roofline_figure({})
     assert "no measurements" in empty.layout.title.text
     assert fig.to_json() == vmla.decode_roofline_figure(data).to_json()  # deterministic
+
+
+def test_fixed_cost_fit_recovers_a_synthetic_line():
+    """time = 10 us + bytes / 4000 GB/s for the full call, 7 us + bytes / 4100 GB/s for the split kernel."""
+    pytest.importorskip("plotly", reason="workbench.viz needs plotly (the GPU image has none)")
+    from workbench.viz import mla as vmla
+
+    rows = []
+    for L in (1024, 4096, 8192):
+        gb = 128 * L * D * 2 / 1e9
+        rows += [dict(kind="full", batch=128, context=L, us=10 + gb / 4000 * 1e6),
+                 dict(kind="split only", batch=128, context=L, us=7 + gb / 4100 * 1e6),
+                 dict(kind="merge only", batch=128, context=L, us=3.0)]
+    rows.append(dict(kind="full", batch=1, context=64, us=6.5))
+    data = {"explore": {"fixed_cost": {"ceilings": {"copy": {"gb_s": 4200.0}}, "rows": rows}}}
+    fit = vmla.fixed_cost_fit(data)
+    assert fit["full"]["fixed_us"] == pytest.approx(10, abs=1e-6)
+    assert fit["full"]["rate_gb_s"] == pytest.approx(4000, rel=1e-9)
+    assert fit["split_only"]["fixed_us"] == pytest.approx(7, abs=1e-6)
+    assert fit["merge_only_us"] == 3.0 and fit["one_tile_us"] == 6.5
+    assert vmla.fixed_cost_fit({}) is None
+    assert len(vmla.decode_fixed_cost_figure(data).data) == 5
+    assert "no data" in vmla.decode_fixed_cost_figure({}).layout.title.text

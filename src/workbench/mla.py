@@ -573,9 +573,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
 
     * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 64-token tiles, 4 warps, 2 stages (two
       programs per SM), splits merged by the second kernel. Deeper pipelining (3 or 5 stages, which
-      prefetch the next tile's indices) spilled registers or cost occupancy and was slower; the second-kernel
-      merge beat the last-split merge at every bar point (its partials are read by hundreds of programs
-      at once instead of one program per request);
+      prefetch the next tile's indices) spilled registers or cost occupancy and was slower; with these tiles
+      the second-kernel merge beat the last-split merge at every bar point (its partials are read by hundreds
+      of programs at once instead of one program per request);
     * up to 32 rows: 32x64 tiles, 4 warps, 2 stages;
     * more rows (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (the indices of the next tile prefetched): 20-30 % faster than 32-row tiles.

@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 
 from workbench import perfmodel
 
-__all__ = ["PEERS", "decode_bandwidth_figure", "decode_roofline_figure", "load_decode_results"]
+__all__ = ["PEERS", "decode_bandwidth_figure", "decode_fixed_cost_figure", "decode_roofline_figure", "fixed_cost_fit",
+           "load_decode_results"]
 
 DATA_FILE = "bench_decode_h200.json"
 
@@ -117,4 +118,59 @@ def decode_bandwidth_figure(data: dict[str, Any] | None = None, heads: int = 16,
     fig.update_layout(title=f"KV-read bandwidth, {heads} heads, qlen {qlen}" + ("" if data else " (no data yet)"),
                       xaxis={"type": "log", "title": "context L (tokens)"}, yaxis={"title": "GB/s"},
                       width=760, height=440, template="plotly_white", legend={"font": {"size": 10}})
+    return fig
+
+
+def fixed_cost_fit(data: dict[str, Any] | None = None, batch: int = 128) -> dict[str, Any] | None:
+    """Where the time of a memory-bound call goes, from ``explore.fixed_cost`` of the committed JSON.
+
+    At one batch size the full call and the split kernel alone were timed over a range of contexts; a
+    least-squares line ``time = fixed + kv_bytes / rate`` through each gives the streaming rate (GB/s) and
+    the fixed cost (us) that no longer context removes. Also returned: the merge kernel alone (mean over
+    those contexts) and the one-tile call (``batch 1, 64 tokens``: the latency floor of a launch).
+    ``None`` when the JSON has no such table.
+    """
+    data = data if data is not None else load_decode_results()
+    table = (data or {}).get("explore", {}).get("fixed_cost")
+    if not table:
+        return None
+    out: dict[str, Any] = {"batch": batch, "copy_gb_s": table["ceilings"]["copy"]["gb_s"]}
+    for kind in ("full", "split only"):
+        pts = [r for r in table["rows"] if r["kind"] == kind and r["batch"] == batch]
+        x = np.array([r["batch"] * r["context"] * perfmodel.QK_HEAD_DIM * 2 for r in pts], dtype=float)
+        y = np.array([r["us"] for r in pts])
+        slope, fixed = np.polyfit(x, y, 1)
+        key = kind.replace(" ", "_")
+        out[key] = {"rate_gb_s": 1e-3 / slope, "fixed_us": fixed, "contexts": [r["context"] for r in pts],
+                    "us": y.tolist()}
+    merges = [r["us"] for r in table["rows"] if r["kind"] == "merge only" and r["batch"] == batch]
+    out["merge_only_us"] = float(np.mean(merges)) if merges else None
+    floor = [r["us"] for r in table["rows"] if r["kind"] == "full" and r["batch"] == 1]
+    out["one_tile_us"] = floor[0] if floor else None
+    return out
+
+
+def decode_fixed_cost_figure(data: dict[str, Any] | None = None, batch: int = 128) -> go.Figure:
+    """Time of a 16-head qlen-1 call against the KV bytes it reads: the full call and the split kernel
+    alone (markers), their fitted lines ``fixed + bytes / rate``, and the copy-bandwidth line through 0."""
+    fit = fixed_cost_fit(data, batch)
+    fig = go.Figure()
+    if fit:
+        ctx = np.array(fit["full"]["contexts"], dtype=float)
+        gb = batch * ctx * perfmodel.QK_HEAD_DIM * 2 / 1e9
+        for key, name, color in (("full", "full call (split + merge)", "#1f77b4"),
+                                 ("split_only", "split kernel alone", "#2ca02c")):
+            f = fit[key]
+            fig.add_trace(go.Scatter(x=gb, y=f["us"], mode="markers", marker={"color": color}, name=name))
+            fig.add_trace(go.Scatter(x=[0, gb.max()], y=[f["fixed_us"], f["fixed_us"] + gb.max() / f["rate_gb_s"] * 1e6],
+                                     mode="lines", line={"color": color, "dash": "dot"},
+                                     name=f"fit: {f['fixed_us']:.0f} us + bytes / {f['rate_gb_s']:.0f} GB/s"))
+        copy = fit["copy_gb_s"]
+        fig.add_trace(go.Scatter(x=[0, gb.max()], y=[0, gb.max() / copy * 1e6], mode="lines",
+                                 line={"color": "#333"}, name=f"bytes / copy bandwidth ({copy:.0f} GB/s)"))
+    fig.update_layout(title=f"Where a memory-bound call's time goes (16 heads, qlen 1, B={batch})"
+                      + ("" if fit else " (no data yet)"),
+                      xaxis={"title": "KV read per call (GB)"}, yaxis={"title": "time per call (us)"},
+                      width=760, height=440, template="plotly_white",
+                      legend={"font": {"size": 10}, "orientation": "h", "y": -0.2})
     return fig
