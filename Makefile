@@ -14,7 +14,7 @@ unit: setup       ## only the unit tests (fast)
 	.venv/bin/pytest tests -p no:cacheprovider -m "not browser"
 
 lab: setup        ## open the chapters in JupyterLab (MyST .md files open as notebooks via jupytext)
-	.venv/bin/jupyter lab book/
+	.venv/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) book/
 
 clean:
 	rm -rf _build

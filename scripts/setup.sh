@@ -33,6 +33,13 @@ if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.version.cuda is N
 fi
 .venv/bin/python -m pip install -q $extra_triton -e '.[book,test]'
 
+# JupyterLab in this venv opens the MyST chapters (book/*.md) as notebooks on double click (jupytext's
+# "Jupytext Notebook" viewer); the setting lives in the venv, not in the user's home.
+mkdir -p .venv/share/jupyter/lab/settings
+cat > .venv/share/jupyter/lab/settings/overrides.json <<'JSON'
+{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}}
+JSON
+
 if ! command -v chromium >/dev/null && [ "${WB_SKIP_APT:-0}" != 1 ]; then
   echo "== setup: chromium (apt)"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
