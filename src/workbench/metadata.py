@@ -161,21 +161,6 @@ class WorkItem(NamedTuple):
     kv_offset: int
 
 
-def _check_indptr(name: str, indptr, min_len: int = 1) -> list[int]:
-    if not isinstance(indptr, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of cumulative offsets, got {type(indptr).__name__}")
-    if indptr.dim() != 1 or indptr.numel() < min_len:
-        raise ValueError(f"{name} must be 1-D with num_reqs + 1 entries, got shape {tuple(indptr.shape)}")
-    if indptr.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} has dtype {indptr.dtype}; expected torch.int32: convert it with .to(torch.int32)")
-    values = indptr.tolist()
-    if values[0] != 0:
-        raise ValueError(f"{name}[0] is {values[0]}; cumulative offsets start at 0")
-    if any(b < a for a, b in zip(values, values[1:])):
-        raise ValueError(f"{name} = {values[:8]}... decreases somewhere; it must hold cumulative lengths")
-    return values
-
-
 @dataclasses.dataclass(eq=False)
 class PersistentSchedule:
     """aiter-style persistent work buffers for single-token MLA decode, filled in place.
@@ -237,7 +222,7 @@ class PersistentSchedule:
     def build(cls, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_units: int,
               kv_granularity: int = KV_GRANULARITY, max_num_reqs: int | None = None) -> PersistentSchedule:
         """Size (for ``max_num_reqs``, default this step's request count), allocate and fill a schedule."""
-        num_reqs = len(_check_indptr("qo_indptr", qo_indptr)) - 1
+        num_reqs = len(mla.check_indptr("qo_indptr", qo_indptr)) - 1
         sizes = persistent_buffer_sizes(num_reqs if max_num_reqs is None else max_num_reqs, num_units)
         return cls.empty(sizes, kv_granularity, qo_indptr.device).fill_(qo_indptr, kv_indptr)
 
@@ -254,8 +239,8 @@ class PersistentSchedule:
         one work item per request it touches; a request touched by more than one unit is split, and each
         of its items writes a partial slot that the reduce maps merge.
         """
-        qo = _check_indptr("qo_indptr", qo_indptr)
-        kv = _check_indptr("kv_indptr", kv_indptr)
+        qo = mla.check_indptr("qo_indptr", qo_indptr)
+        kv = mla.check_indptr("kv_indptr", kv_indptr)
         if len(qo) != len(kv):
             raise ValueError(f"qo_indptr has {len(qo)} entries and kv_indptr {len(kv)}; both must be num_reqs + 1")
         num_reqs = len(qo) - 1

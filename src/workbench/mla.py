@@ -52,6 +52,7 @@ from workbench.expand import DecodeMetadata
 __all__ = [
     "AITER_HEADS",
     "BACKENDS",
+    "check_indptr",
     "KV_LORA_RANK",
     "MAX_QLEN",
     "QK_HEAD_DIM",
@@ -99,7 +100,15 @@ def _flat_cache(kv_cache: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _check_indptr(name: str, indptr: torch.Tensor, total: int | None, total_name: str) -> list[int]:
+def check_indptr(name: str, indptr: torch.Tensor, total: int | None = None, total_name: str = "") -> list[int]:
+    """Validate a ``(num_reqs + 1,)`` cumulative-offset tensor (``qo_indptr``, ``kv_indptr``); return it as a list.
+
+    Rules: a 1-D int32/int64 tensor, starting at 0, never decreasing, and (when ``total`` is given) ending at
+    ``total``. Each violation raises an error that names ``name``, the value and the rule. Reads the values on
+    the host: a validation step, not for a hot path.
+    """
+    if not isinstance(indptr, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of cumulative offsets, got {type(indptr).__name__}")
     if indptr.dim() != 1 or indptr.numel() < 1:
         raise ValueError(f"{name} must be a 1-D tensor of num_reqs + 1 offsets, got shape {tuple(indptr.shape)}")
     if indptr.dtype not in (torch.int32, torch.int64):
@@ -139,8 +148,8 @@ def _check_common(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tens
         raise ValueError(f"kv_indices must be 1-D (one cache row per token), got shape {tuple(kv_indices.shape)}")
     if kv_indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"kv_indices has dtype {kv_indices.dtype}; expected torch.int32")
-    qo = _check_indptr("qo_indptr", qo_indptr, q.shape[0], "total_q = q.shape[0]")
-    kv = _check_indptr("kv_indptr", kv_indptr, None, "kv_indices.numel()")
+    qo = check_indptr("qo_indptr", qo_indptr, q.shape[0], "total_q = q.shape[0]")
+    kv = check_indptr("kv_indptr", kv_indptr)
     if kv[-1] > kv_indices.numel():
         raise ValueError(f"kv_indptr[-1] is {kv[-1]} but kv_indices has only {kv_indices.numel()} entries; "
                          "kv_indices must hold at least kv_indptr[-1] token rows")
