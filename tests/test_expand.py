@@ -511,3 +511,19 @@ def test_committed_h200_results_and_figures():
     ref, _ = E.expand_page_indices_ref(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     labels = [x for row in heat.data[0].text for x in row if x]
     assert labels == [str(v) for v in ref.tolist()]
+
+
+@pytest.mark.parametrize("K", [1, 16, 64])
+def test_builder_takes_cpu_tensors_where_triton_compiles_for_a_gpu(monkeypatch, K):
+    """On a GPU machine the kernel refuses CPU tensors; the builder (used by chapter 4's CPU-side models)
+    then expands them with plain torch after the same validation, and must agree with the spec exactly."""
+    monkeypatch.setattr(device, "interpreter_active", lambda: False)  # as on a GPU machine
+    lens = edge_lens(K, seed=3)
+    block_table, seq_lens, num_blocks = make_batch(lens, K, seed=3, device="cpu")
+    meta = E.build_flat_decode_metadata(block_table, seq_lens, [1] * len(lens), K, num_blocks=num_blocks)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table, seq_lens, K)
+    assert torch.equal(meta.kv_indices, ref_indices) and torch.equal(meta.kv_indptr, ref_indptr)
+    with pytest.raises(ValueError, match="block_table"):  # validation still runs on this path
+        bad = block_table.clone()
+        bad[next(r for r, n in enumerate(lens) if n > 0), 0] = -3  # a used entry of a non-empty request
+        E.build_flat_decode_metadata(bad, seq_lens, [1] * len(lens), K)

@@ -375,8 +375,7 @@ def test_stress_table_lists_every_run():
 # ----------------------------------------------------------------------------------------------
 
 
-def test_schedule_figure_draws_every_work_item_and_is_deterministic():
-    from workbench import viz
+def test_schedule_figure_draws_every_work_item_and_is_deterministic(viz):
 
     s = M.PersistentSchedule.build(indptr([1] * 7), indptr(BATCHES["mixed"]), 5)
     fig = viz.schedule_figure(s)
@@ -387,8 +386,7 @@ def test_schedule_figure_draws_every_work_item_and_is_deterministic():
     assert fig.to_json() == viz.schedule_figure(s).to_json()
 
 
-def test_interleaving_figure_has_a_panel_per_interleaving(replays):
-    from workbench import viz
+def test_interleaving_figure_has_a_panel_per_interleaving(replays, viz):
 
     fig = viz.interleaving_figure(replays)
     buttons = fig.layout.updatemenus[0].buttons
@@ -400,8 +398,7 @@ def test_interleaving_figure_has_a_panel_per_interleaving(replays):
     assert events == sum(len(v) for v in replays.values())
 
 
-def test_stress_figure_stacks_the_counts():
-    from workbench import viz
+def test_stress_figure_stacks_the_counts(viz):
 
     rs = [M.stress_test("instance", threads=1, builds_per_thread=200, seed=2)]
     fig = viz.stress_figure(rs)

@@ -26,7 +26,6 @@ import torch
 import workbench  # noqa: F401  (sets TRITON_INTERPRET on CPU before kernels import)
 from workbench import cli, device, mla, perfmodel, qlen
 from workbench.expand import DecodeMetadata
-from workbench.viz import qlen as vq
 
 D = mla.QK_HEAD_DIM
 ON_GPU = device.on_gpu()
@@ -506,7 +505,7 @@ def test_format_sweep_lists_every_k(sweeps):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_figures_build(sweeps):
+def test_figures_build(sweeps, vq):
     groups = {"correct": sweeps["correct"], "faulty": sweeps["faulty"], "padded": sweeps["padded"]}
     fig = vq.acceptance_figure(groups)
     assert len(fig.data) == 3 * len(KS) and len(fig.layout.updatemenus[0].buttons) == len(KS)
@@ -523,7 +522,7 @@ def test_figures_build(sweeps):
         vq.probe_figure([])
 
 
-def test_padding_cost_model_uses_perfmodel():
+def test_padding_cost_model_uses_perfmodel(vq):
     rows = perfmodel.padding_cost_rows(KS, heads=16, batch=64, context=4096, hardware="H200")
     for r in rows:
         b0 = perfmodel.mla_decode_bytes(16, 64, 4096, r["qlen"])
@@ -541,7 +540,7 @@ def test_padding_cost_model_uses_perfmodel():
         perfmodel.padding_cost_rows(hardware="TPU")
 
 
-def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path):
+def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path, vq):
     rows, note = perfmodel.measured_padding_overhead(tmp_path / "missing.json")
     assert rows == [] and "not in the repository" in note
     payload = {"provenance": {"device": "NVIDIA H200", "date_utc": "2026-01-01"}, "results": [

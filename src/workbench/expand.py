@@ -678,10 +678,19 @@ def build_flat_decode_metadata(
         qo_indptr = qo_host.pin_memory().to(dev, non_blocking=True)  # no wait for the device
     else:
         qo_indptr = qo_host.to(dev)
-    kv_indices, kv_indptr = expand_page_indices(
-        block_table, seq_lens, K, out=out, kv_indptr=kv_indptr, max_seq_len=max_seq_len,
-        validate=validate, num_blocks=num_blocks,
-    )
+    if dev.type == "cpu" and not _device.interpreter_active():
+        # CPU tensors on a machine whose Triton compiles for a GPU (the CPU-side models of chapter 4 run
+        # there too): the kernel cannot take them, so expand with plain torch, after the same validation.
+        validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks, out=out, kv_indptr=kv_indptr,
+                               max_seq_len=max_seq_len, check_values=validate)
+        kv_indices_t, kv_indptr_t = expand_page_indices_dense(block_table, seq_lens, K, max_seq_len=max_seq_len)
+        kv_indices = kv_indices_t if out is None else out[: kv_indices_t.numel()].copy_(kv_indices_t)
+        kv_indptr = kv_indptr_t if kv_indptr is None else kv_indptr.copy_(kv_indptr_t)
+    else:
+        kv_indices, kv_indptr = expand_page_indices(
+            block_table, seq_lens, K, out=out, kv_indptr=kv_indptr, max_seq_len=max_seq_len,
+            validate=validate, num_blocks=num_blocks,
+        )
     return DecodeMetadata(
         qo_indptr=qo_indptr,
         kv_indptr=kv_indptr,
