@@ -287,7 +287,7 @@ def mla_decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.T
     """
     cache = _flat_cache(kv_cache)
     scale = default_sm_scale(cache.shape[-1]) if sm_scale is None else float(sm_scale)
-    dev, total_q, heads = q.device, q.shape[0], q.shape[1]
+    dev, total_q = q.device, q.shape[0]
     kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).long()  # (B,)
     qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).long()
     pos = torch.arange(max_kv_len, device=dev)

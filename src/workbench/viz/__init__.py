@@ -23,8 +23,6 @@ import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
 
-__all__ = ["setup_renderer", "roofline_figure"]
-
 _PLOTLY_MIME = "application/vnd.plotly.v1+json"
 _FIGURE_COUNTER = itertools.count()
 
@@ -52,11 +50,28 @@ def setup_renderer() -> None:
 
 setup_renderer()
 
-# Figures, one submodule per topic (re-exported; keep this list in the order of the book).
+# Figures, one submodule per topic, re-exported here (in the order of the book).
 from workbench.viz.roofline import roofline_figure  # noqa: E402
 from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, blocksize_widget  # noqa: E402
 from workbench.viz.expand import expand_bench_figure, expansion_figure  # noqa: E402
 from workbench.viz.mla import decode_bandwidth_figure, decode_roofline_figure  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
-from workbench.viz.qlen import acceptance_figure, acceptance_length_figure, measured_padding_figure, padding_cost_figure, probe_figure  # noqa: E402,E501
-from workbench.viz.throughput import comparison_figure, expansion_per_step_figure, k_choice_figure, power_of_two_cost_figure, spec_explorer, step_breakdown_figure, throughput_widget, verify_trend_figure  # noqa: E402,E501
+from workbench.viz.qlen import (  # noqa: E402
+    acceptance_figure, acceptance_length_figure, measured_padding_figure, padding_cost_figure, probe_figure,
+)
+from workbench.viz.throughput import (  # noqa: E402
+    comparison_figure, expansion_per_step_figure, k_choice_figure, power_of_two_cost_figure, spec_explorer,
+    step_breakdown_figure, throughput_widget, verify_trend_figure,
+)
+
+__all__ = [
+    "setup_renderer",
+    "roofline_figure",
+    "blocksize_explorer", "blocksize_heatmap", "blocksize_widget",
+    "expand_bench_figure", "expansion_figure",
+    "decode_bandwidth_figure", "decode_roofline_figure",
+    "interleaving_figure", "schedule_figure", "stress_figure",
+    "acceptance_figure", "acceptance_length_figure", "measured_padding_figure", "padding_cost_figure", "probe_figure",
+    "comparison_figure", "expansion_per_step_figure", "k_choice_figure", "power_of_two_cost_figure", "spec_explorer",
+    "step_breakdown_figure", "throughput_widget", "verify_trend_figure",
+]
