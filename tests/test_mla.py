@@ -102,34 +102,13 @@ def test_golden_single_key_returns_that_value_row():
 
 
 # ----------------------------------------------------------------------------------------------
-# metadata: the one builder (workbench.expand.build_flat_decode_metadata) from a permuted block table
+# metadata: the one builder (workbench.expand.build_flat_decode_metadata, through mla.make_decode_example)
 # ----------------------------------------------------------------------------------------------
 
-from workbench.expand import DecodeMetadata, build_flat_decode_metadata  # noqa: E402
+from workbench.expand import DecodeMetadata  # noqa: E402
 
 ON_GPU = workbench.device.on_gpu()
 DEV = "cuda" if ON_GPU else "cpu"
-
-
-def paged_case(qo_lens, kv_lens, heads, K, dtype=torch.float32, device="cpu", seed=0):
-    """A paged cache of K-token blocks (block 0 reserved, blocks permuted, unused slots NaN), its block
-    table, and the flat metadata built from it by the project's one builder."""
-    g = torch.Generator().manual_seed(seed)
-    pages = [-(-n // K) for n in kv_lens]
-    num_blocks = 1 + sum(pages) + 2
-    cache = torch.full((num_blocks, K, D), float("nan"))
-    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
-    block_table = torch.zeros(len(kv_lens), max(pages + [1]), dtype=torch.int32)
-    for r, (n, p) in enumerate(zip(kv_lens, pages)):
-        ids = perm[:p]
-        perm = perm[p:]
-        block_table[r, :p] = torch.tensor(ids, dtype=torch.int32)
-        for t in range(n):
-            cache[ids[t // K], t % K] = torch.randn(D, generator=g)
-    q = torch.randn(sum(qo_lens), heads, D, generator=g)
-    seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
-    md = build_flat_decode_metadata(block_table.to(device), seq_lens.to(device), list(qo_lens), K)
-    return q.to(dtype).to(device), cache.to(dtype).to(device), block_table.to(device), seq_lens.to(device), md
 
 
 def metadata_of(case, max_qo_len=None):
@@ -148,7 +127,8 @@ def metadata_of(case, max_qo_len=None):
 @pytest.mark.parametrize("K", [1, 16, 64])
 def test_flat_expanded_equals_paged(K):
     qo, kv = [1, 2, 1], [1, 70, 17]
-    q, cache, block_table, seq_lens, md = paged_case(qo, kv, 3, K, device=DEV)
+    ex = mla.make_decode_example(qo, kv, 3, K, device_=DEV)
+    q, cache, block_table, seq_lens, md = ex.q, ex.kv_cache, ex.block_table, ex.seq_lens, ex.metadata
     paged_out, paged_lse = mla.mla_decode_paged_ref(q, cache, md.qo_indptr, block_table, seq_lens, 0.2)
     flat_out, flat_lse = mla.mla_decode_ref(q, cache.view(-1, 1, 1, D), md.qo_indptr, md.kv_indptr, md.kv_indices, 0.2)
     assert not torch.isnan(flat_out).any()

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from workbench import device
-from workbench.expand import DecodeMetadata
+from workbench.expand import DecodeMetadata, build_flat_decode_metadata
 
 __all__ = [
     "AITER_HEADS",
@@ -968,18 +968,6 @@ class PageIndexMistake:
         return self.flat_max_err < 1e-4 and self.pages_max_err > 1e-2
 
 
-def _flat_metadata_on(block_table: torch.Tensor, seq_lens: torch.Tensor, query_lens: list[int], K: int,
-                      dev: torch.device) -> DecodeMetadata:
-    """``build_flat_decode_metadata`` run where its Triton kernel runs (the GPU when there is one, the
-    interpreter on CPU), with the result moved to ``dev`` (CPU inputs on a GPU machine would be refused)."""
-    from workbench.expand import build_flat_decode_metadata  # noqa: PLC0415 (one builder, in expand)
-
-    run_on = device.default_device()
-    md = build_flat_decode_metadata(block_table.to(run_on), seq_lens.to(run_on), list(query_lens), K)
-    return dataclasses.replace(md, qo_indptr=md.qo_indptr.to(dev), kv_indptr=md.kv_indptr.to(dev),
-                               kv_indices=md.kv_indices.to(dev), kv_last_page_lens=md.kv_last_page_lens.to(dev))
-
-
 def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int, ...] = (40, 23), heads: int = 16,
                                        seed: int = 0) -> PageIndexMistake:
     """Show the aiter #2996 failure mode with the golden: a paged cache addressed by *page* ids.
@@ -1005,7 +993,7 @@ def demo_page_indices_as_token_indices(page_size: int = 16, seq_lens: tuple[int,
     qo_indptr = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     golden, _ = mla_decode_paged_ref(q, cache, qo_indptr, block_table, seq)
     flat_view = cache.view(-1, QK_HEAD_DIM)  # what aiter sees: [num_blocks * page_size, 576]
-    md = _flat_metadata_on(block_table, seq, [1] * len(seq_lens), page_size, torch.device("cpu"))
+    md = build_flat_decode_metadata(block_table, seq, [1] * len(seq_lens), page_size)
     flat, _ = mla_decode_ref(q, flat_view, md.qo_indptr, md.kv_indptr, md.kv_indices)
     page_ids = torch.cat([block_table[r, :n] for r, n in enumerate(pages_per_req)])
     page_indptr = torch.tensor([0] + torch.tensor(pages_per_req).cumsum(0).tolist(), dtype=torch.int32)
@@ -1063,5 +1051,5 @@ def make_decode_example(query_lens: list[int], seq_lens: list[int], heads: int, 
     dev = torch.device(device_)
     seq = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
     bt = block_table.to(dev)
-    md = _flat_metadata_on(bt, seq, list(query_lens), K, dev)
+    md = build_flat_decode_metadata(bt, seq, list(query_lens), K)
     return DecodeExample(q.to(dtype).to(dev), cache.to(dtype).to(dev), bt, seq, md)
