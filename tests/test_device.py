@@ -78,25 +78,26 @@ def fresh_status():
     sys.modules.pop("aiter.mla", None)
 
 
-def test_aiter_runtime_error_is_caught_on_rocm(tmp_path, monkeypatch, fresh_status):
-    # aiter runs hipconfig/hipcc at import and raises RuntimeError (not ImportError) when that fails.
+def _fake_aiter(tmp_path, monkeypatch, init_source: str, hip: str | None):
+    """Put a package named ``aiter`` with ``init_source`` first on sys.path, and pretend torch's HIP is ``hip``."""
     pkg = tmp_path / "aiter"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("raise RuntimeError('hipconfig: command not found')\n")
+    (pkg / "__init__.py").write_text(init_source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    monkeypatch.setattr(torch.version, "hip", hip)
+
+
+def test_aiter_runtime_error_is_caught_on_rocm(tmp_path, monkeypatch, fresh_status):
+    # aiter runs hipconfig/hipcc at import and raises RuntimeError (not ImportError) when that fails.
+    _fake_aiter(tmp_path, monkeypatch, "raise RuntimeError('hipconfig: command not found')\n", "6.4.0")
     status = device.aiter_status()
     assert not status.available
     assert "RuntimeError" in status.reason and "hipconfig" in status.reason
 
 
 def test_aiter_not_imported_without_rocm(tmp_path, monkeypatch, fresh_status):
-    pkg = tmp_path / "aiter"
-    pkg.mkdir()
     marker = tmp_path / "imported"
-    (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(torch.version, "hip", None)
+    _fake_aiter(tmp_path, monkeypatch, f"open({str(marker)!r}, 'w').close()\n", None)
     status = device.aiter_status()
     assert not status.available and "needs ROCm" in status.reason
     assert not marker.exists(), "aiter must not be imported without ROCm"
@@ -104,13 +105,10 @@ def test_aiter_not_imported_without_rocm(tmp_path, monkeypatch, fresh_status):
 
 def test_unrelated_aiter_package_is_told_apart(tmp_path, monkeypatch, fresh_status):
     # PyPI also has an unrelated 'aiter' (async iterators): importable, but with no aiter.mla.
-    pkg = tmp_path / "aiter"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    _fake_aiter(tmp_path, monkeypatch, "", "6.4.0")
     status = device.aiter_status()
-    assert not status.available and "ImportError" in status.reason or "ModuleNotFoundError" in status.reason
+    assert not status.available
+    assert "ImportError" in status.reason or "ModuleNotFoundError" in status.reason
 
 
 def test_cli_info(capsys):
