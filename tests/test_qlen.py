@@ -204,7 +204,8 @@ def test_naive_padding_without_extra_keys_moves_the_windows():
     q, cache, md = make_case([6], [20], seed=4)
     gold, _ = golden(q, cache, md)
     naive_q = torch.cat([q, q[-1:].expand(2, -1, -1)])
-    naive_md = DecodeMetadata(torch.tensor([0, 8], dtype=torch.int32), md.kv_indptr, md.kv_indices,
+    naive_md = DecodeMetadata(torch.tensor([0, 8], dtype=torch.int32, device=md.kv_indptr.device), md.kv_indptr,
+                              md.kv_indices,
                               md.kv_last_page_lens, 8)
     naive, _ = golden(naive_q, cache, naive_md)
     assert (naive[:6] - gold).abs().max() > 0.1

@@ -347,6 +347,9 @@ def _mla_decode_split_kernel(
     NUM_HEADS: tl.constexpr,
     DIRECT: tl.constexpr,  # num_splits == 1: write the final output and natural-log LSE
     FUSED_MERGE: tl.constexpr,  # the last split of each row block merges (else a second kernel does)
+    SWAP_AB: tl.constexpr,  # compute the transposed problem: keys as the MMA's M dimension (few rows)
+    PREFETCH: tl.constexpr,  # register double-buffering: the next tile's rows and the one after's indices in flight
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
     D_LATENT: tl.constexpr,  # 512
@@ -373,32 +376,95 @@ def _mla_decode_split_kernel(
     grow = (q_start * NUM_HEADS + rows).to(tl.int64)  # row in the flat (total_q * H) space
     d_lat = tl.arange(0, D_LATENT)
     d_rope = tl.arange(0, D_ROPE)
-    q_row = Q + grow[:, None] * (D_LATENT + D_ROPE)
-    q_lat = tl.load(q_row + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
-    q_rope = tl.load(q_row + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 64)
-
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
-    for start in range(k_lo, k_hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+    q_row = Q + grow * (D_LATENT + D_ROPE)
+    if SWAP_AB:
+        # Transposed: S^T = K q^T is (BLOCK_N keys, BLOCK_M rows) and O^T = V^T P^T is (512, BLOCK_M), so
+        # the keys fill the matrix unit's M dimension (64 on Hopper's wgmma) and a tile of 16 rows does not
+        # waste it; the same shared-memory K tile serves both products (once as is, once transposed).
+        qt_lat = tl.load(q_row[None, :] + d_lat[:, None], mask=row_ok[None, :], other=0.0)  # (512, BLOCK_M)
+        qt_rope = tl.load(q_row[None, :] + D_LATENT + d_rope[:, None], mask=row_ok[None, :], other=0.0)
+        acc_t = tl.zeros([D_LATENT, BLOCK_M], dtype=tl.float32)
+        for start in range(k_lo, k_hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_ok = cols < k_hi
+            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+            kv_row = KV + idx[:, None] * stride_kv
+            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
+            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+            s = tl.dot(k_lat, qt_lat, input_precision=DOT_PRECISION)
+            s = tl.dot(k_rope, qt_rope, s, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+            s = s * qk_scale
+            visible = col_ok[:, None] & (cols[:, None] <= limit[None, :])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc_t = tl.dot(tl.trans(k_lat), p.to(k_lat.dtype), acc_t * alpha[None, :], input_precision=DOT_PRECISION)
+            m_i = m_new
+        acc = tl.trans(acc_t)
+    elif PREFETCH:
+        # Latency-bound short programs: each tile's rows wait on its indices, then on the gather. Here the
+        # loads for tile i+1 (and the indices of tile i+2) are issued before tile i is computed, so one
+        # program keeps two dependent load chains in flight instead of one.
+        q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
+        q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+        acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+        cols = k_lo + tl.arange(0, BLOCK_N)
         col_ok = cols < k_hi
         idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
-        kv_row = KV + idx[:, None] * stride_kv
-        k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
-        k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
-        s = tl.dot(q_lat, tl.trans(k_lat))
-        s = tl.dot(q_rope, tl.trans(k_rope), s)
-        s = s * qk_scale
-        visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None])
-        m_i = m_new
+        k_lat = tl.load(KV + idx[:, None] * stride_kv + d_lat[None, :], mask=col_ok[:, None], other=0.0)
+        k_rope = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+        idx = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0).to(tl.int64)
+        for start in range(k_lo, k_hi, BLOCK_N):
+            cols_n = cols + BLOCK_N
+            ok_n = cols_n < k_hi
+            k_lat_n = tl.load(KV + idx[:, None] * stride_kv + d_lat[None, :], mask=ok_n[:, None], other=0.0)
+            k_rope_n = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=ok_n[:, None],
+                               other=0.0)
+            idx = tl.load(KV_INDICES + kv_start + cols_n + BLOCK_N, mask=cols_n + BLOCK_N < k_hi, other=0).to(tl.int64)
+            s = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
+            s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=DOT_PRECISION)
+            s = s * qk_scale
+            visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
+            k_lat = k_lat_n
+            k_rope = k_rope_n
+            cols = cols_n
+            col_ok = ok_n
+    else:
+        q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
+        q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+        acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+        for start in range(k_lo, k_hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_ok = cols < k_hi
+            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+            kv_row = KV + idx[:, None] * stride_kv
+            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
+            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
+            s = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
+            s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=DOT_PRECISION)
+            s = s * qk_scale
+            visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -497,6 +563,154 @@ def _mla_decode_merge_kernel(
         tl.store(LSE + rows, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
 
 
+# ----------------------------------------------------------------------------------------------
+# Balanced schedule: equal token ranges per program, across request boundaries
+# ----------------------------------------------------------------------------------------------
+#
+# With a uniform split count per request, B * splits programs rarely match the slots of the GPU
+# (132 SMs x 2 resident programs on an H200): B=128 with 2 splits fills 256 of 264 slots, and one
+# request's splits are all the same length however long the request is. Here program p of P takes the
+# tokens g of the whole batch (requests concatenated, as kv_indptr lays them out) with
+# floor(g * P / T) == p, T = kv_indptr[B]: ranges equal to a token, crossing request boundaries. A
+# request that one program holds whole is written directly; the other requests leave one partial per
+# program that touches them, in slot p + r (program p, request r: request r's programs are consecutive,
+# so its slots are too, and no two requests share one), and a second kernel merges those.
+
+
+@triton.jit
+def _mla_decode_balanced_kernel(
+    Q, KV, KV_INDICES, QO_INDPTR, KV_INDPTR,
+    OUT,  # (total_q * H, 512) q.dtype: requests held whole by one program
+    LSE,  # (total_q * H,) fp32
+    MID_O,  # (P + B, ROWS_PER_REQ, 512) fp32 partials, slot p + r
+    MID_LSE,  # (P + B, ROWS_PER_REQ) fp32
+    stride_kv, qk_scale, num_reqs, num_programs,
+    NUM_HEADS: tl.constexpr, ROWS_PER_REQ: tl.constexpr, BLOCK_B: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    p = tl.program_id(1).to(tl.int64)
+    total = tl.load(KV_INDPTR + num_reqs).to(tl.int64)
+    # P <= T, so that every program's range holds a token: then the programs that touch a request are
+    # exactly p_first .. p_last below, and each of them writes its slot.
+    n_prog = tl.minimum(num_programs, total)
+    if p >= n_prog:
+        return
+    g0 = (p * total + n_prog - 1) // n_prog  # ceil(p T / P): the first token g with g P // T == p
+    g1 = ((p + 1) * total + n_prog - 1) // n_prog
+    # The request holding token g0: how many kv_indptr[1:] entries are <= g0 (one vector load per BLOCK_B).
+    r = tl.program_id(0) * 0  # an int32 scalar
+    for c in range(0, num_reqs, BLOCK_B):
+        o = c + 1 + tl.arange(0, BLOCK_B)
+        ends = tl.load(KV_INDPTR + o, mask=o <= num_reqs, other=2147483647).to(tl.int64)
+        r += tl.sum((ends <= g0).to(tl.int32))
+    d_lat = tl.arange(0, D_LATENT)
+    d_rope = tl.arange(0, D_ROPE)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    kv_start = tl.load(KV_INDPTR + r, mask=r < num_reqs, other=0).to(tl.int64)
+    while (r < num_reqs) & (kv_start < g1):
+        kv_end = tl.load(KV_INDPTR + r + 1).to(tl.int64)
+        q_start = tl.load(QO_INDPTR + r)
+        s_q = tl.load(QO_INDPTR + r + 1) - q_start
+        s_k = (kv_end - kv_start).to(tl.int32)
+        k_lo = (tl.maximum(g0, kv_start) - kv_start).to(tl.int32)
+        k_hi = (tl.minimum(g1, kv_end) - kv_start).to(tl.int32)
+        n_rows = s_q * NUM_HEADS
+        if (pid_m * BLOCK_M < n_rows) & (k_lo < k_hi):
+            row_ok = rows < n_rows
+            limit = s_k - s_q + rows // NUM_HEADS
+            grow = (q_start * NUM_HEADS + rows).to(tl.int64)
+            q_row = Q + grow * (D_LATENT + D_ROPE)
+            q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)
+            q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+            for start in range(k_lo, k_hi, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                col_ok = cols < k_hi
+                idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+                kv_row = KV + idx[:, None] * stride_kv
+                k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
+                k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+                sc = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
+                sc = tl.dot(q_rope, tl.trans(k_rope), sc, input_precision=DOT_PRECISION)
+                sc = sc * qk_scale
+                visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
+                sc = tl.where(visible, sc, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sc, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_safe)
+                pr = tl.exp2(sc - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(pr, 1)
+                acc = tl.dot(pr.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
+                m_i = m_new
+            has_keys = l_i > 0.0
+            o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+            lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453,
+                           float("-inf"))
+            if (k_lo == 0) & (k_hi == s_k):  # the whole request: final output
+                tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], o.to(OUT.dtype.element_ty),
+                         mask=row_ok[:, None])
+                tl.store(LSE + grow, lse, mask=row_ok)
+            else:
+                slot = (p + r) * ROWS_PER_REQ + rows
+                tl.store(MID_O + slot[:, None] * D_LATENT + d_lat[None, :], o, mask=row_ok[:, None])
+                tl.store(MID_LSE + slot, lse, mask=row_ok)
+        r += 1
+        kv_start = kv_end
+
+
+@triton.jit
+def _mla_decode_balanced_merge_kernel(
+    MID_O, MID_LSE, OUT, LSE, QO_INDPTR, KV_INDPTR, num_reqs, num_programs,
+    NUM_HEADS: tl.constexpr, ROWS_PER_REQ: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr, D_LATENT: tl.constexpr,
+):
+    """Merge the partials of request ``program_id(0)`` (rows ``program_id(1)`` block, columns ``program_id(2)``
+    block): slots p + r for the programs p that touched it; requests held whole were written already."""
+    r = tl.program_id(0)
+    total = tl.load(KV_INDPTR + num_reqs).to(tl.int64)
+    kv_start = tl.load(KV_INDPTR + r).to(tl.int64)
+    kv_end = tl.load(KV_INDPTR + r + 1).to(tl.int64)
+    q_start = tl.load(QO_INDPTR + r)
+    n_rows = (tl.load(QO_INDPTR + r + 1) - q_start) * NUM_HEADS
+    if (kv_end <= kv_start) | (tl.program_id(1) * BLOCK_R >= n_rows):
+        return
+    n_prog = tl.minimum(num_programs, total)  # as the attention kernel: P <= T
+    p_first = kv_start * n_prog // total
+    p_last = (kv_end - 1) * n_prog // total
+    if p_first == p_last:
+        return
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < n_rows
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    n = (p_last - p_first + 1).to(tl.int32)
+    for s0 in range(0, n, SPLIT_CHUNK):
+        sp = s0 + tl.arange(0, SPLIT_CHUNK)
+        slot = (p_first + r + sp[:, None]) * ROWS_PER_REQ + rows[None, :]  # (SPLIT_CHUNK, BLOCK_R)
+        valid = (sp[:, None] < n) & ok[None, :]
+        lse_s = tl.load(MID_LSE + slot, mask=valid, other=float("-inf"))
+        o_s = tl.load(MID_O + slot[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m - m_safe)
+        w = tl.exp(lse_s - m_safe[None, :])
+        acc = acc * a[:, None] + tl.sum(w[:, :, None] * o_s, 0)
+        denom = denom * a + tl.sum(w, 0)
+        m = m_new
+    has = denom > 0.0
+    safe = tl.where(has, denom, 1.0)
+    grow = (q_start * NUM_HEADS + rows).to(tl.int64)
+    tl.store(OUT + grow[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
+             mask=ok[:, None])
+    if tl.program_id(2) == 0:
+        tl.store(LSE + grow, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
+
+
 @dataclasses.dataclass(frozen=True)
 class TritonConfig:
     """Launch parameters of the Triton decode (see :func:`triton_config`)."""
@@ -514,6 +728,30 @@ class TritonConfig:
     merge_block_d: int = 32  # second-kernel merge: output columns per program (divides 512)
     merge_split_chunk: int = 16  # second-kernel merge: splits loaded at once (a power of two)
     fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
+    swap_ab: bool = False  # transposed products (keys as the MMA's M dimension): for tiles of few rows
+    prefetch: bool = False  # register double-buffering of KV tiles (with num_stages=1: no Triton pipelining)
+    balanced: bool = False  # equal token ranges per program across requests (the balanced schedule)
+    min_tokens_per_program: int = 128  # balanced: fewer programs than slots when the batch is small
+    max_regs: int | None = None  # cap on registers per thread (more resident warps, maybe spills); NVIDIA only
+
+    def launch_options(self) -> dict[str, Any]:
+        """Triton launch keywords of the split kernel."""
+        opts: dict[str, Any] = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.max_regs is not None and not device.interpreter_active() and torch.version.hip is None:
+            opts["maxnreg"] = self.max_regs
+        return opts
+
+    @property
+    def key(self) -> tuple:
+        """What selects a compiled split kernel (its resources are recorded under this key)."""
+        return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
+                self.balanced, self.max_regs)
+
+    @property
+    def label(self) -> str:
+        return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
+                + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+                + (f" r{self.max_regs}" if self.max_regs else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -521,7 +759,7 @@ class TritonConfig:
         estimate (shared memory: the q tile and one KV tile; registers: the fp32 accumulator + 96)."""
         if self.programs_per_sm is not None:
             return self.programs_per_sm
-        seen = _RESOURCES.get((self.block_m, self.block_n, self.num_warps, self.num_stages))
+        seen = _RESOURCES.get(self.key)
         if seen is not None:
             regs_per_thread, smem = seen
         else:
@@ -531,7 +769,7 @@ class TritonConfig:
         return max(1, min(232_448 // max(smem, 1), 65_536 // max(regs_per_thread * threads, 1), 2048 // threads))
 
 
-_RESOURCES: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # config -> (registers/thread, shared bytes)
+_RESOURCES: dict[tuple, tuple[int, int]] = {}  # config -> (registers/thread, shared bytes)
 
 
 def _record_resources(config: TritonConfig, compiled: Any) -> None:
@@ -539,7 +777,7 @@ def _record_resources(config: TritonConfig, compiled: Any) -> None:
     n_regs = getattr(compiled, "n_regs", None)
     smem = getattr(getattr(compiled, "metadata", None), "shared", None)
     if isinstance(n_regs, int) and isinstance(smem, int) and n_regs > 0:
-        key = (config.block_m, config.block_n, config.num_warps, config.num_stages)
+        key = config.key
         old = _RESOURCES.get(key, (0, 0))
         _RESOURCES[key] = (max(old[0], n_regs), max(old[1], smem))
 
@@ -599,6 +837,12 @@ def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1)
 
 
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    """fp32 inputs are multiplied in full fp32 ("ieee"); Triton's default would round them to TF32 on
+    NVIDIA (10-bit mantissa), which an fp32 caller would not expect. 16-bit inputs: the backend's default."""
+    return "ieee" if dtype == torch.float32 else None
+
+
 def _note_compiled(config: TritonConfig, compiled: Any) -> None:
     LAST_COMPILED["split"] = compiled
     if compiled is not None:
@@ -636,6 +880,36 @@ def choose_num_splits(num_reqs: int, row_blocks: int, avg_kv_len: float, config:
     return best
 
 
+def choose_balanced_programs(row_blocks: int, total_tokens: int, config: TritonConfig, sm_count: int) -> int:
+    """Programs per row block of the balanced schedule: every resident slot of the GPU once, or fewer when
+    the batch holds under ``config.min_tokens_per_program`` tokens per program (``total_tokens`` may be an
+    upper bound, such as ``kv_indices.numel()``: it only sizes the grid)."""
+    slots = max(sm_count * config.resident_per_sm() // max(row_blocks, 1), 1)
+    return max(1, min(slots, -(-max(total_tokens, 1) // config.min_tokens_per_program)))
+
+
+def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, programs):
+    total_q, heads, _ = q.shape
+    num_reqs = qo_indptr.numel() - 1
+    rows_per_req = max_qo_len * heads
+    row_blocks = triton.cdiv(rows_per_req, cfg.block_m)
+    mid_o = torch.empty(programs + num_reqs, rows_per_req, KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(programs + num_reqs, rows_per_req, dtype=torch.float32, device=q.device)
+    compiled = _mla_decode_balanced_kernel[(row_blocks, programs)](
+        q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, mid_o, mid_lse, cache.stride(0), scale * _LOG2E,
+        num_reqs, programs, NUM_HEADS=heads, ROWS_PER_REQ=rows_per_req,
+        BLOCK_B=min(triton.next_power_of_2(max(num_reqs, 16)), 1024), DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
+        **cfg.launch_options())
+    _note_compiled(cfg, compiled)
+    chunk = cfg.merge_split_chunk
+    _mla_decode_balanced_merge_kernel[(num_reqs, triton.cdiv(rows_per_req, cfg.merge_block_r),
+                                       KV_LORA_RANK // cfg.merge_block_d)](
+        mid_o, mid_lse, out, lse, qo_indptr, kv_indptr, num_reqs, programs, NUM_HEADS=heads,
+        ROWS_PER_REQ=rows_per_req, BLOCK_R=cfg.merge_block_r, BLOCK_D=cfg.merge_block_d, SPLIT_CHUNK=chunk,
+        D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1)
+
+
 def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                       kv_indices: torch.Tensor, max_qo_len: int, sm_scale: float | None = None, *,
                       num_splits: int | None = None, config: TritonConfig | None = None,
@@ -660,12 +934,18 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         return out, lse
     cfg = config or triton_config(max_qo_len * heads, q.dtype)
     row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
+    if cfg.balanced:  # num_splits, if given, is the number of programs per row block
+        scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+        programs = num_splits or choose_balanced_programs(row_blocks, kv_indices.numel(), cfg, _sm_count(q.device))
+        _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, programs)
+        return out, lse
     if num_splits is None:
         num_splits = choose_num_splits(num_reqs, row_blocks, kv_indices.numel() / num_reqs, cfg, _sm_count(q.device))
     scale = default_sm_scale() if sm_scale is None else float(sm_scale)
     total_rows = total_q * heads
-    common = dict(NUM_HEADS=heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, DOT_PRECISION=_dot_precision(q.dtype),
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
+                  **cfg.launch_options())
     grid = (row_blocks, num_splits, num_reqs)
     if num_splits == 1:
         compiled = _mla_decode_split_kernel[grid](

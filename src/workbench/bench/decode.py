@@ -69,9 +69,13 @@ BARS = [
 
 
 class CachePool:
-    """One large random cache shared by every point (rows handed out in a random permutation)."""
+    """One large random cache shared by every point. Rows are handed out in a random permutation, in runs of
+    ``run`` consecutive rows: ``run=1`` scatters every token (the worst case for DRAM locality, a cache whose
+    pages hold one token), ``run=16`` keeps each 16-token block contiguous, as vLLM lays out a cache of
+    16-token blocks that aiter then addresses token by token (the layout after PR #39616)."""
 
-    def __init__(self, max_rows: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    def __init__(self, max_rows: int, dtype: torch.dtype, device: torch.device, seed: int = 0, run: int = 1):
+        self.run = run
         g = torch.Generator(device=device).manual_seed(seed)
         self.cache = torch.randn(max_rows + 1, mla.QK_HEAD_DIM, generator=g, device=device, dtype=torch.float32
                                  ).to(dtype) if device.type == "cpu" else \
@@ -81,7 +85,11 @@ class CachePool:
 
     def indices(self, n: int) -> torch.Tensor:
         rows = self.cache.shape[0] - 1
-        perm = torch.randperm(rows, generator=self.gen, device=self.device)[:n]
+        if self.run == 1:
+            perm = torch.randperm(rows, generator=self.gen, device=self.device)[:n]
+        else:
+            blocks = torch.randperm(rows // self.run, generator=self.gen, device=self.device)[:-(-n // self.run)]
+            perm = (blocks[:, None] * self.run + torch.arange(self.run, device=self.device)).flatten()[:n]
         return (perm + 1).to(torch.int32)  # row 0 never used
 
 
@@ -281,7 +289,10 @@ def sweep(cases: list[tuple[str, mla.TritonConfig, tuple[int, int, int, int], li
         out = torch.empty(b * q, h, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
         row_blocks = -(-q * h // cfg.block_m)
         for forced in split_list:
-            splits = forced or mla.choose_num_splits(b, row_blocks, l, cfg, mla._sm_count(pool.device))
+            if cfg.balanced:  # the "split" count is the number of programs per row block
+                splits = forced or mla.choose_balanced_programs(row_blocks, b * l, cfg, mla._sm_count(pool.device))
+            else:
+                splits = forced or mla.choose_num_splits(b, row_blocks, l, cfg, mla._sm_count(pool.device))
             try:
                 us = timer(lambda: mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"],
                                                          x["kv_indices"], q, None, num_splits=splits, config=cfg,
@@ -322,6 +333,61 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 6:
+        mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
+               ("16x64 w8 s2 r128", tc(16, 64, 8, 2, programs_per_sm=2, max_regs=128)),
+               ("16x32 w4 s2 r128", tc(16, 32, 4, 2, programs_per_sm=4, max_regs=128)),
+               ("16x32 w4 s2 r168", tc(16, 32, 4, 2, programs_per_sm=3, max_regs=168)),
+               ("16x32 w8 s2 r128", tc(16, 32, 8, 2, programs_per_sm=2, max_regs=128)),
+               ("16x32 w4 s3 r128", tc(16, 32, 4, 3, programs_per_sm=4, max_regs=128)),
+               ("16x64 w4 s2 r128", tc(16, 64, 4, 2, programs_per_sm=2, max_regs=128))]
+        mem_points = [((16, 1, 16, 4096), [None, 16, 32]), ((16, 1, 64, 32768), [None, 4, 8]),
+                      ((16, 1, 128, 8192), [None, 2, 4]), ((16, 1, 64, 4096), [None])]
+        big = [("64x64 w8 s3", tc(64, 64, 8, 3, programs_per_sm=1)),
+               ("64x64 w8 s2 r255", tc(64, 64, 8, 2, programs_per_sm=1, max_regs=255))]
+        big_points = [((128, 1, 64, 4096), [None])]
+        old = mem[0]
+    elif round_ == 5:
+        bal = dict(balanced=True)
+        mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
+               ("bal 16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2, **bal))]
+        mem_points = [((16, 1, 16, 4096), [None, 132, 200, 396]), ((16, 1, 64, 32768), [None, 256]),
+                      ((16, 1, 128, 8192), [None, 256]), ((16, 1, 64, 4096), [None]), ((16, 1, 128, 1024), [None]),
+                      ((16, 1, 64, 8192), [None]), ((16, 1, 1, 32768), [None])]
+        big = [("64x64 w8 s3", tc(64, 64, 8, 3, programs_per_sm=1)),
+               ("bal 64x64 w8 s3", tc(64, 64, 8, 3, programs_per_sm=1, **bal)),
+               ("32x64 w4 s2", tc(32, 64, 4, 2, programs_per_sm=2)),
+               ("bal 32x64 w4 s2", tc(32, 64, 4, 2, programs_per_sm=2, **bal))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None]),
+                      ((16, 2, 64, 4096), [None]), ((16, 2, 16, 4096), [None])]
+        old = mem[0]
+    elif round_ == 4:
+        pf = dict(prefetch=True)
+        mem = [("16x64 w4 s2", tc(16, 64, 4, 2)), ("pf 16x64 w4 s1", tc(16, 64, 4, 1, **pf)),
+               ("pf 16x32 w4 s1", tc(16, 32, 4, 1, **pf)), ("pf 16x64 w8 s1", tc(16, 64, 8, 1, **pf)),
+               ("pf 16x32 w8 s1", tc(16, 32, 8, 1, **pf)), ("pf 16x64 w4 s2", tc(16, 64, 4, 2, **pf)),
+               ("pf 16x32 w4 s2", tc(16, 32, 4, 2, **pf)), ("pf 16x64 w4 s1 fused", tc(16, 64, 4, 1, **pf, **fused))]
+        mem_points = [((16, 1, 16, 4096), [None, 8, 16, 24, 32]), ((16, 1, 64, 32768), [None, 2, 4, 6]),
+                      ((16, 1, 128, 8192), [None, 1, 2, 3]), ((16, 1, 64, 4096), [None, 4])]
+        big = [("32x64 w4 s2", tc(32, 64, 4, 2)), ("pf 32x32 w4 s1", tc(32, 32, 4, 1, **pf)),
+               ("pf 32x64 w8 s1", tc(32, 64, 8, 1, **pf)), ("pf 64x32 w8 s1", tc(64, 32, 8, 1, **pf))]
+        big_points = [((16, 2, 64, 4096), [None]), ((16, 2, 16, 4096), [None]), ((16, 4, 64, 4096), [None]),
+                      ((128, 1, 64, 4096), [None])]
+        old = mem[0]
+    elif round_ == 3:
+        sw = dict(swap_ab=True)
+        mem = [("16x64 w4 s2", tc(16, 64, 4, 2)), ("swap 16x64 w4 s2", tc(16, 64, 4, 2, **sw)),
+               ("swap 16x64 w4 s3", tc(16, 64, 4, 3, **sw)), ("swap 16x64 w4 s4", tc(16, 64, 4, 4, **sw)),
+               ("swap 16x64 w8 s3", tc(16, 64, 8, 3, **sw)), ("swap 16x64 w4 s3 fused", tc(16, 64, 4, 3, **sw, **fused)),
+               ("swap 16x128 w4 s2", tc(16, 128, 4, 2, **sw))]
+        mem_points = [((16, 1, 16, 4096), [None, 8, 12, 16]), ((16, 1, 64, 32768), [None, 2, 4]),
+                      ((16, 1, 128, 8192), [None, 1, 2]), ((16, 1, 64, 4096), [None])]
+        big = [("64x64 w8 s3", tc(64, 64, 8, 3)), ("64x64 w8 s2", tc(64, 64, 8, 2)),
+               ("swap 64x64 w8 s3", tc(64, 64, 8, 3, **sw)), ("swap 64x64 w8 s2", tc(64, 64, 8, 2, **sw)),
+               ("swap 32x64 w4 s3", tc(32, 64, 4, 3, **sw)), ("swap 32x64 w8 s3", tc(32, 64, 8, 3, **sw))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None]),
+                      ((16, 2, 64, 4096), [None])]
+        old = mem[0]
     else:
         mem = [old, ("16x64 w4 s3 fused", tc(16, 64, 4, 3, **fused)), ("16x64 w4 s3", tc(16, 64, 4, 3)),
                ("16x64 w4 s2", tc(16, 64, 4, 2)), ("16x64 w8 s3 fused", tc(16, 64, 8, 3, **fused)),
@@ -335,6 +401,30 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
     cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
     cases.append(old + mem_points[-1])  # the old default again at the end: run-to-run drift
     return cases
+
+
+LAYOUT_POINTS = [(16, 1, 64, 32768), (16, 1, 128, 8192), (16, 1, 16, 4096), (16, 1, 64, 4096), (128, 1, 64, 4096)]
+
+
+def compare_layouts(out: str, runs: tuple[int, ...] = (1, 16), log=print) -> None:
+    """The library's configs at the bar points with the cache rows scattered one by one (``run=1``) and in
+    16-row blocks (``run=16``): how much DRAM locality the gather gets. JSON with provenance to ``out``."""
+    dev = common.require_gpu()
+    matmul_tflops()
+    copy = common.copy_bandwidth()
+    rows = []
+    for run in runs:
+        pool = CachePool(max(b * l for _, _, b, l in LAYOUT_POINTS) + 64, torch.bfloat16, dev, run=run)
+        for h, q, b, l in LAYOUT_POINTS:
+            r = measure_point(pool, h, q, b, l)
+            r.update(run=run, frac_copy=r["kv_gb_s"] / copy["gb_s"])
+            rows.append(r)
+            log(f"run {run:2d} H{h:3d} q{q} B{b:3d} L{l:6d}: {r['triton_us']:8.1f} us {r['kv_gb_s']:6.0f} GB/s "
+                f"({100 * r['frac_copy']:.1f} % of copy) {r['tflops']:6.1f} TFLOP/s")
+        del pool
+        torch.cuda.empty_cache()
+    common.write_json(out, dict(benchmark="mla_decode_layouts", provenance=common.provenance(),
+                                ceilings={"copy": copy}, rows=rows))
 
 
 def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int, timer=None) -> float:
@@ -366,8 +456,8 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
     return timer(lambda: mla._mla_decode_split_kernel[grid](
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
-        FUSED_MERGE=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
-        D_ROPE=mla.QK_ROPE_HEAD_DIM, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, DOT_PRECISION=None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
+        D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
 
 
 def explain_fixed_cost(out: str, log=print) -> None:
@@ -414,18 +504,27 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
         for _, cfg, (h, q, b, l), split_list in cases:
             rb = -(-q * h // cfg.block_m)
             for forced in split_list:
-                jobs.append((cfg, h, q, b, forced or mla.choose_num_splits(b, rb, l, cfg, sm)))
+                if cfg.balanced:
+                    jobs.append((cfg, h, q, b, forced or mla.choose_balanced_programs(rb, b * l, cfg, sm)))
+                else:
+                    jobs.append((cfg, h, q, b, forced or mla.choose_num_splits(b, rb, l, cfg, sm)))
         log(f"precompiled {len(set(jobs))} launches in {precompile(jobs, workers=10, log=log):.0f} s")
         return
     matmul = matmul_tflops()
     ceilings = {"copy": common.copy_bandwidth(), "matmul_bf16": matmul}
     log(f"copy {ceilings['copy']['gb_s']:.0f} GB/s {ceilings['copy']['runs']}; matmul {matmul['tflops']:.0f} TFLOP/s")
     pool = CachePool(max(b * l for _, _, (_, _, b, l), _ in cases), torch.bfloat16, dev)
+    checks = {}
+    for label, cfg, (h, q, _, _), _ in cases:  # each config against the golden before it is timed
+        if label not in checks:
+            checks[label] = self_check(cfg, q * h, dev)
+            log(f"self-check {label}: {checks[label]}")
+    cases = [c for c in cases if checks[c[0]]["ok"]]
     t0 = time.time()
     rows = sweep(cases, pool, log=log)
     log(f"sweep took {time.time() - t0:.0f} s")
     merge_rows = []
-    for splits, total_rows in MERGE_ONLY if round_ >= 2 else []:
+    for splits, total_rows in MERGE_ONLY if round_ == 2 else []:
         for br, bd in MERGE_TILES:
             us = time_merge_only(splits, total_rows, br, bd)
             merge_rows.append(dict(num_splits=splits, total_rows=total_rows, block_r=br, block_d=bd, us=us))
@@ -433,7 +532,7 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
     ceilings["copy_end"] = common.copy_bandwidth()
     log(f"copy at the end {ceilings['copy_end']['gb_s']:.0f} GB/s")
     common.write_json(out, dict(benchmark="mla_decode_explore", provenance=common.provenance(), ceilings=ceilings,
-                                round=round_, rows=rows, merge_only=merge_rows))
+                                round=round_, rows=rows, merge_only=merge_rows, self_checks=checks))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -490,7 +589,10 @@ def self_check(config: mla.TritonConfig, rows: int, device: torch.device,
     q = torch.randn(qlen * len(kv_lens), heads, mla.QK_HEAD_DIM, generator=g).to(dtype).to(device)
     qo = torch.arange(0, qlen * len(kv_lens) + 1, qlen, dtype=torch.int32, device=device)
     kv = torch.tensor([0] + list(torch.tensor(kv_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
-    out, _ = mla.mla_decode_triton(q, cache, qo, kv, idx, qlen, 0.07, config=config)
+    try:
+        out, _ = mla.mla_decode_triton(q, cache, qo, kv, idx, qlen, 0.07, config=config)
+    except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: the config is unusable, say why
+        return {"heads": heads, "qlen": qlen, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     gold, _ = mla.mla_decode_ref(q, cache, qo, kv, idx, 0.07)
     pt, _ = mla.mla_decode_torch(q, cache, qo, kv, idx, 0.07, qlen, max(kv_lens))
     err = (out.float() - gold).abs().max().item()
@@ -559,8 +661,8 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         formulas={"kv_bytes": "batch * context * 576 * 2", "flops": "batch * 2 * heads * qlen * context * (576 + 512)",
                   "kv_gb_s": "kv_bytes / time", "tflops": "flops / time"},
         ceilings=ceilings, chosen_configs={k: dataclasses.asdict(v) for k, v in (chosen or {}).items()},
-        kernel_resources={f"{k[0]}x{k[1]} w{k[2]} s{k[3]}": {"regs": v[0], "shared_bytes": v[1]}
-                          for k, v in mla._RESOURCES.items()},
+        kernel_resources={mla.TritonConfig(*k[:4], swap_ab=k[4], prefetch=k[5], balanced=k[6], max_regs=k[7]).label:
+                          {"regs": v[0], "shared_bytes": v[1]} for k, v in mla._RESOURCES.items()},
         tuning=tuning, results=results, bars=bars,
     )
 

@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 
 from workbench import expand as E
-from workbench.bench.common import copy_bandwidth, provenance, require_gpu, time_cuda_graph, time_eager, write_json
+from workbench.bench.common import (copy_bandwidth, kernel_device_us, provenance, require_gpu, time_cuda_graph, time_eager,
+                                    write_json)
 
 __all__ = ["BARS", "CASES", "SWEEP", "Bar", "Variant", "check_bars", "expand_bytes", "format_sweep", "format_table", "run"]
 
@@ -237,6 +238,29 @@ def _time_kernel(block_table, seq_lens, K, out, indptr, max_seq_len, config) -> 
         block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=max_seq_len, validate=False, config=config))
 
 
+def _device_us(fn) -> float | None:
+    """Kernel execution time per call from the profiler (None where the profiler sees no kernels)."""
+    try:
+        return kernel_device_us(fn)["us"]
+    except RuntimeError:
+        return None
+
+
+def device_times(num_reqs: int, seq_len: int, K: int = K_DEFAULT) -> dict[str, float | None]:
+    """Kernel execution time (profiler) of the expansion and of ``fill_`` on the same bytes, one batch shape."""
+    device = require_gpu()
+    block_table, seq_lens, _ = _make_inputs(num_reqs, seq_len, K, device)
+    out = torch.empty(num_reqs * seq_len, dtype=torch.int32, device=device)
+    indptr = torch.empty(num_reqs + 1, dtype=torch.int32, device=device)
+    config = E.expand_config(num_reqs, seq_len)
+    res = {"kernel_device_us": _device_us(lambda: E.expand_page_indices(
+        block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=seq_len, validate=False, config=config)),
+        "fill_same_bytes_device_us": _device_us(lambda: out.fill_(7))}
+    del block_table, seq_lens, out
+    torch.cuda.empty_cache()
+    return res
+
+
 def launch_floor_us() -> float:
     """Time of a Triton kernel that stores one int (one program) under the same graph replay: the floor."""
     x = torch.empty(1, dtype=torch.int32, device=require_gpu())
@@ -325,6 +349,12 @@ def run(cases: tuple[tuple[int, int], ...] = CASES, K: int = K_DEFAULT, *, sweep
     results = [run_case(r, n, K, copy_gb_s=max(max(c.values()) for c in copies), sweep=sweep, dense=dense)
                for r, n in cases]
     copies.append(copy_bandwidth()["runs"])
+    # Last: kernel execution times from the profiler. Once CUPTI is attached it slows every later launch
+    # (graph replays measured after it took ~0.7 us more per call), so nothing is timed after this.
+    for res, (r, n) in zip(results, cases):
+        res.update(device_times(r, n, K))
+    one = torch.empty(1, dtype=torch.int32, device=require_gpu())
+    floor_device_us = _device_us(lambda: _one_store[(1,)](one))
     best = max(((k, v) for c in copies for k, v in c.items()), key=lambda kv: kv[1])
     copy = {"gb_s": best[1], "method": best[0], "bytes_per_buffer": 2 << 30}
     for res in results:  # fractions against the final ceiling
@@ -336,11 +366,14 @@ def run(cases: tuple[tuple[int, int], ...] = CASES, K: int = K_DEFAULT, *, sweep
         "provenance": provenance(command),
         "byte_formula": "bytes = 4 * sum_r(ceil(L_r / K) + L_r): int32 block-table entries read + one int32 index "
                         "written per token (seq_lens read and kv_indptr write left out)",
-        "timing": "median of CUDA-graph replays (20 calls per graph); dense: eager (boolean indexing syncs)",
+        "timing": "median of CUDA-graph replays (20 calls per graph); dense: eager (boolean indexing syncs); "
+                  "*_device_us: the kernels' own execution time from the profiler (CUPTI), under the same replay "
+                  "(measured last: the profiler slows later launches)",
         "copy": copy,
         "copy_runs": copies,
         "fill": fill,
         "launch_floor_us": floor_us,
+        "launch_floor_device_us": floor_device_us,
         "cases": results,
         "bars": check_bars(results),
     }
