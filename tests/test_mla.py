@@ -256,7 +256,8 @@ VARIANTS = {
     "swap_ab": dict(swap_ab=True),
     "prefetch": dict(prefetch=True),
     "balanced": dict(balanced=True, merge_split_chunk=2),
-    "max_regs": dict(max_regs=128),  # a launch option: ignored by the interpreter
+    "max_regs": dict(max_regs=128, num_warps=4),  # a launch option (the interpreter ignores it)
+    "warp_specialize": dict(warp_specialize=True, block_m=64),  # wgmma tiles only (see TritonConfig)
 }
 # (qo_lens, kv_lens, heads, splits or programs): ragged queries, a request with no query tokens, keys shorter
 # than one tile, splits/programs that leave some empty, more programs than tokens.
@@ -283,6 +284,19 @@ def test_kernel_variants_match_golden_interpreter(variant, case_id):
     torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
 
 
+def test_register_cap_must_leave_room_for_the_accumulator():
+    mla.TritonConfig(16, 64, 4, 2, max_regs=128)  # 64 + 32 registers: fine
+    with pytest.raises(ValueError, match=r"max_regs is 128.*160 registers per thread for a 64-row tile on 8 warps"):
+        mla.TritonConfig(64, 64, 8, 3, max_regs=128)
+    with pytest.raises(ValueError, match="32..255"):
+        mla.TritonConfig(16, 64, 4, 2, max_regs=300)
+
+
+def test_warp_specialize_refuses_small_tiles():
+    with pytest.raises(ValueError, match="warp_specialize needs block_m >= 64"):
+        mla.TritonConfig(16, 64, 4, 2, warp_specialize=True)
+
+
 def test_balanced_programs_follow_the_slots_and_small_batches():
     cfg = mla.TritonConfig(16, 64, 4, 2, programs_per_sm=2, balanced=True)
     assert mla.choose_balanced_programs(1, 128 * 8192, cfg, 132) == 264  # every slot once
@@ -298,7 +312,12 @@ def test_balanced_programs_follow_the_slots_and_small_batches():
 def test_kernel_variants_gpu(variant, qlen):
     kv = [max(n, qlen) for n in GPU_KV_LENS_VARIANTS]
     case = make_case([qlen] * len(kv), kv, 16, dtype=torch.bfloat16, device="cuda", seed=qlen)
-    cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16), **VARIANTS[variant])
+    base = mla.triton_config(qlen * 16, torch.bfloat16)
+    if variant == "max_regs" and base.block_m * 512 // (32 * base.num_warps) + 32 > 128:
+        with pytest.raises(ValueError, match="max_regs is 128"):  # no room for this tile's accumulator
+            dataclasses.replace(base, **VARIANTS[variant])
+        return
+    cfg = dataclasses.replace(base, **VARIANTS[variant])
     if variant == "swap_ab" and cfg.block_m > 32:
         cfg = dataclasses.replace(cfg, num_stages=2)  # 64 swapped rows with 3 stages exceed shared memory
     out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
@@ -494,6 +513,29 @@ def test_bench_decode_bars_logic():
     assert bars["16 heads qlen 8 B=64 L=32k: time <= 1.25x qlen 1"]["verdict"] == "MISS"
     assert bars["128 heads qlen 1 B=64 L=4k: >= 300 TFLOP/s"]["verdict"] == "MISS"
     assert bars["16 heads qlen 1 B=16 L=4k: KV bandwidth >= 2.5 TB/s"]["value"] is None
+
+
+def test_explore_best_takes_the_minimum_over_splits_per_point():
+    from workbench.bench import decode as bench
+
+    row = dict(label="a", heads=16, qlen=1, batch=16, context=4096)
+    sweep = {"ceilings": {"copy": {"gb_s": 4000.0}},
+             "rows": [dict(row, us=50.0), dict(row, us=40.0), dict(row, label="b", us=45.0),
+                      dict(row, label="a", error="OutOfResources")]}  # a failed launch has no time
+    out = bench.explore_best({"r": sweep}, rounds=("r",), points=((16, 1, 16, 4096), (128, 1, 64, 4096)))
+    assert [(o["label"], o["best_us"][(16, 1, 16, 4096)], o["best_us"][(128, 1, 64, 4096)]) for o in out] == \
+        [("a", 40.0, None), ("b", 45.0, None)]
+    assert out[0]["copy_gb_s"] == 4000.0
+
+
+def test_cache_pool_runs_keep_blocks_contiguous():
+    from workbench.bench import decode as bench
+
+    idx = bench.CachePool(1000, torch.float16, torch.device("cpu"), seed=1, run=16).indices(64)
+    assert len(set(idx.tolist())) == 64 and int(idx.min()) >= 1
+    blocks = idx.view(4, 16)
+    assert torch.equal(blocks - blocks[:, :1], torch.arange(16).expand(4, 16).to(idx.dtype))  # 16 consecutive rows
+    assert ((blocks[:, 0] - 1) % 16 == 0).all()  # aligned to 16-row blocks
 
 
 # ----------------------------------------------------------------------------------------------

@@ -349,6 +349,7 @@ def _mla_decode_split_kernel(
     FUSED_MERGE: tl.constexpr,  # the last split of each row block merges (else a second kernel does)
     SWAP_AB: tl.constexpr,  # compute the transposed problem: keys as the MMA's M dimension (few rows)
     PREFETCH: tl.constexpr,  # register double-buffering: the next tile's rows and the one after's indices in flight
+    WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the default loop
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
@@ -446,7 +447,7 @@ def _mla_decode_split_kernel(
         q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
         q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
-        for start in range(k_lo, k_hi, BLOCK_N):
+        for start in tl.range(k_lo, k_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
             idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
@@ -733,6 +734,20 @@ class TritonConfig:
     balanced: bool = False  # equal token ranges per program across requests (the balanced schedule)
     min_tokens_per_program: int = 128  # balanced: fewer programs than slots when the batch is small
     max_regs: int | None = None  # cap on registers per thread (more resident warps, maybe spills); NVIDIA only
+    warp_specialize: bool = False  # Triton's automatic warp specialisation of the default loop
+
+    def __post_init__(self) -> None:
+        if self.warp_specialize and self.block_m < 64:
+            raise ValueError(f"warp_specialize needs block_m >= 64 (Hopper's wgmma tiles), got {self.block_m}: "
+                             "Triton 3.6's warp-specialisation pass failed to compile the mma.sync tiles of fewer "
+                             "rows on an H200")
+        if self.max_regs is not None:
+            need = self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 32
+            if not 32 <= self.max_regs <= 255 or self.max_regs < need:
+                raise ValueError(
+                    f"max_regs is {self.max_regs}; it must be in 32..255 and leave room for the fp32 accumulator: "
+                    f"block_m * 512 / (32 * num_warps) + 32 = {need} registers per thread for a {self.block_m}-row "
+                    f"tile on {self.num_warps} warps")
 
     def launch_options(self) -> dict[str, Any]:
         """Triton launch keywords of the split kernel."""
@@ -745,13 +760,13 @@ class TritonConfig:
     def key(self) -> tuple:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
-                self.balanced, self.max_regs)
+                self.balanced, self.max_regs, self.warp_specialize)
 
     @property
     def label(self) -> str:
         return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
-                + (f" r{self.max_regs}" if self.max_regs else ""))
+                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -943,7 +958,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         num_splits = choose_num_splits(num_reqs, row_blocks, kv_indices.numel() / num_reqs, cfg, _sm_count(q.device))
     scale = default_sm_scale() if sm_scale is None else float(sm_scale)
     total_rows = total_q * heads
-    common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, DOT_PRECISION=_dot_precision(q.dtype),
+    common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
+                  DOT_PRECISION=_dot_precision(q.dtype),
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
                   **cfg.launch_options())
     grid = (row_blocks, num_splits, num_reqs)

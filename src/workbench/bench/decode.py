@@ -28,7 +28,7 @@ import torch
 from workbench import mla
 from workbench.bench import common
 
-__all__ = ["BARS", "evaluate_bars", "main", "make_inputs", "measure_point", "run"]
+__all__ = ["BARS", "compare_layouts", "evaluate_bars", "explore_best", "main", "make_inputs", "measure_point", "run"]
 
 KV_ROW_BYTES = mla.QK_HEAD_DIM * 2  # one bf16 cache row
 FLOPS_PER_TOKEN_HEAD = 2 * (mla.QK_HEAD_DIM + mla.KV_LORA_RANK)  # per query row and key
@@ -333,6 +333,20 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 7:
+        ws = dict(warp_specialize=True)
+        mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
+               ("16x64 w4 s2 ws", tc(16, 64, 4, 2, programs_per_sm=2, **ws))]
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None])]
+        big = [("64x64 w8 s3", tc(64, 64, 8, 3, programs_per_sm=1)),
+               ("64x64 w8 s3 ws", tc(64, 64, 8, 3, programs_per_sm=1, **ws)),
+               ("64x64 w8 s2 ws", tc(64, 64, 8, 2, programs_per_sm=1, **ws)),
+               ("64x32 w8 s4", tc(64, 32, 8, 4, programs_per_sm=1)),
+               ("64x32 w8 s4 ws", tc(64, 32, 8, 4, programs_per_sm=1, **ws)),
+               ("64x128 w8 s1", tc(64, 128, 8, 1, programs_per_sm=1)),
+               ("64x64 w4 s2", tc(64, 64, 4, 2, programs_per_sm=1))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 6:
         mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
                ("16x64 w8 s2 r128", tc(16, 64, 8, 2, programs_per_sm=2, max_regs=128)),
@@ -378,7 +392,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         sw = dict(swap_ab=True)
         mem = [("16x64 w4 s2", tc(16, 64, 4, 2)), ("swap 16x64 w4 s2", tc(16, 64, 4, 2, **sw)),
                ("swap 16x64 w4 s3", tc(16, 64, 4, 3, **sw)), ("swap 16x64 w4 s4", tc(16, 64, 4, 4, **sw)),
-               ("swap 16x64 w8 s3", tc(16, 64, 8, 3, **sw)), ("swap 16x64 w4 s3 fused", tc(16, 64, 4, 3, **sw, **fused)),
+               ("swap 16x64 w8 s3", tc(16, 64, 8, 3, **sw)),
+               ("swap 16x64 w4 s3 fused", tc(16, 64, 4, 3, **sw, **fused)),
                ("swap 16x128 w4 s2", tc(16, 128, 4, 2, **sw))]
         mem_points = [((16, 1, 16, 4096), [None, 8, 12, 16]), ((16, 1, 64, 32768), [None, 2, 4]),
                       ((16, 1, 128, 8192), [None, 1, 2]), ((16, 1, 64, 4096), [None])]
@@ -427,6 +442,26 @@ def compare_layouts(out: str, runs: tuple[int, ...] = (1, 16), log=print) -> Non
                                 ceilings={"copy": copy}, rows=rows))
 
 
+EXPLORE_POINTS = ((16, 1, 16, 4096), (16, 1, 64, 32768), (16, 1, 128, 8192), (128, 1, 64, 4096))
+
+
+def explore_best(explore: dict[str, Any], rounds: tuple[str, ...] = ("round3", "round4", "round5", "round6", "round7"),
+                 points: tuple[tuple[int, int, int, int], ...] = EXPLORE_POINTS) -> list[dict[str, Any]]:
+    """Per sweep round and configuration: the best time over the split counts tried at each (heads, qlen,
+    batch, context) point (None where that configuration was not timed there), with the round's copy ceiling."""
+    out = []
+    for rnd in rounds:
+        sweep = explore[rnd]
+        for label in dict.fromkeys(r["label"] for r in sweep["rows"]):
+            best = {}
+            for pt in points:
+                ts = [r["us"] for r in sweep["rows"] if r["label"] == label and "us" in r
+                      and (r["heads"], r["qlen"], r["batch"], r["context"]) == pt]
+                best[pt] = min(ts) if ts else None
+            out.append(dict(round=rnd, label=label, copy_gb_s=sweep["ceilings"]["copy"]["gb_s"], best_us=best))
+    return out
+
+
 def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int, timer=None) -> float:
     """Microseconds of the second-kernel merge alone on random partials (a diagnostic for the split choice)."""
     timer = timer or _graph_timer
@@ -456,7 +491,9 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
     return timer(lambda: mla._mla_decode_split_kernel[grid](
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
-        FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, DOT_PRECISION=None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
+        FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
+        DOT_PRECISION=None, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
         D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
 
 
@@ -661,7 +698,8 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         formulas={"kv_bytes": "batch * context * 576 * 2", "flops": "batch * 2 * heads * qlen * context * (576 + 512)",
                   "kv_gb_s": "kv_bytes / time", "tflops": "flops / time"},
         ceilings=ceilings, chosen_configs={k: dataclasses.asdict(v) for k, v in (chosen or {}).items()},
-        kernel_resources={mla.TritonConfig(*k[:4], swap_ab=k[4], prefetch=k[5], balanced=k[6], max_regs=k[7]).label:
+        kernel_resources={mla.TritonConfig(*k[:4], swap_ab=k[4], prefetch=k[5], balanced=k[6], max_regs=k[7],
+                                           warp_specialize=k[8]).label:
                           {"regs": v[0], "shared_bytes": v[1]} for k, v in mla._RESOURCES.items()},
         tuning=tuning, results=results, bars=bars,
     )

@@ -44,8 +44,8 @@ import triton
 import triton.language as tl
 
 from workbench import expand as E
-from workbench.bench.common import (copy_bandwidth, kernel_device_us, provenance, require_gpu, time_cuda_graph, time_eager,
-                                    write_json)
+from workbench.bench.common import (copy_bandwidth, kernel_device_us, provenance, require_gpu, time_cuda_graph,
+                                    time_eager, write_json)
 
 __all__ = ["BARS", "CASES", "SWEEP", "Bar", "Variant", "check_bars", "expand_bytes", "format_sweep", "format_table", "run"]
 
