@@ -257,7 +257,7 @@ VARIANTS = {
     "prefetch": dict(prefetch=True),
     "balanced": dict(balanced=True, merge_split_chunk=2),
     "max_regs": dict(max_regs=128, num_warps=4),  # a launch option (the interpreter ignores it)
-    "warp_specialize": dict(warp_specialize=True, block_m=64),  # wgmma tiles only (see TritonConfig)
+    "warp_specialize": dict(warp_specialize=True, block_m=64, num_warps=8, num_stages=3),  # see TritonConfig
 }
 # (qo_lens, kv_lens, heads, splits or programs): ragged queries, a request with no query tokens, keys shorter
 # than one tile, splits/programs that leave some empty, more programs than tokens.
@@ -293,8 +293,11 @@ def test_register_cap_must_leave_room_for_the_accumulator():
 
 
 def test_warp_specialize_refuses_small_tiles():
-    with pytest.raises(ValueError, match="warp_specialize needs block_m >= 64"):
+    with pytest.raises(ValueError, match="warp_specialize needs block_m >= 64 and num_warps == 8"):
         mla.TritonConfig(16, 64, 4, 2, warp_specialize=True)
+    with pytest.raises(ValueError, match="got block_m 64 and num_warps 4"):
+        mla.TritonConfig(64, 64, 4, 2, warp_specialize=True)
+    mla.TritonConfig(64, 64, 8, 3, warp_specialize=True)
 
 
 def test_balanced_programs_follow_the_slots_and_small_batches():

@@ -737,10 +737,10 @@ class TritonConfig:
     warp_specialize: bool = False  # Triton's automatic warp specialisation of the default loop
 
     def __post_init__(self) -> None:
-        if self.warp_specialize and self.block_m < 64:
-            raise ValueError(f"warp_specialize needs block_m >= 64 (Hopper's wgmma tiles), got {self.block_m}: "
-                             "Triton 3.6's warp-specialisation pass failed to compile the mma.sync tiles of fewer "
-                             "rows on an H200")
+        if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
+            raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
+                             f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
+                             "those on an H200 (the 16-row mma.sync tiles and 64-row tiles on 4 warps failed)")
         if self.max_regs is not None:
             need = self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 32
             if not 32 <= self.max_regs <= 255 or self.max_regs < need:
