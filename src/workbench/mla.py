@@ -329,6 +329,25 @@ _LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
+                  DOT_PRECISION: tl.constexpr):
+    """One KV tile of the online softmax: scores over 576 dims (latent + rope), the bottom-right causal mask
+    (row r sees keys <= limit[r]), base-2 rescaling, and P @ V with V = the tile's first 512 dims."""
+    s = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
+    s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=DOT_PRECISION)
+    s = s * qk_scale
+    visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _mla_decode_split_kernel(
     Q,  # (total_q, H, 576) contiguous, fp16/bf16/fp32
     KV,  # (num_rows, 576) cache rows, row stride stride_kv
@@ -427,18 +446,8 @@ def _mla_decode_split_kernel(
             k_rope_n = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=ok_n[:, None],
                                other=0.0)
             idx = tl.load(KV_INDICES + kv_start + cols_n + BLOCK_N, mask=cols_n + BLOCK_N < k_hi, other=0).to(tl.int64)
-            s = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
-            s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=DOT_PRECISION)
-            s = s * qk_scale
-            visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
-            m_i = m_new
+            acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
+                                          DOT_PRECISION)
             k_lat = k_lat_n
             k_rope = k_rope_n
             cols = cols_n
@@ -454,18 +463,8 @@ def _mla_decode_split_kernel(
             kv_row = KV + idx[:, None] * stride_kv
             k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
             k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
-            s = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
-            s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=DOT_PRECISION)
-            s = s * qk_scale
-            visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
-            m_i = m_new
+            acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
+                                          DOT_PRECISION)
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -634,18 +633,8 @@ def _mla_decode_balanced_kernel(
                 kv_row = KV + idx[:, None] * stride_kv
                 k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
                 k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
-                sc = tl.dot(q_lat, tl.trans(k_lat), input_precision=DOT_PRECISION)
-                sc = tl.dot(q_rope, tl.trans(k_rope), sc, input_precision=DOT_PRECISION)
-                sc = sc * qk_scale
-                visible = col_ok[None, :] & (cols[None, :] <= limit[:, None])
-                sc = tl.where(visible, sc, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(sc, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_i - m_safe)
-                pr = tl.exp2(sc - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(pr, 1)
-                acc = tl.dot(pr.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
-                m_i = m_new
+                acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i,
+                                              acc, DOT_PRECISION)
             has_keys = l_i > 0.0
             o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
             lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453,

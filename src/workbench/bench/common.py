@@ -34,12 +34,8 @@ def require_gpu() -> torch.device:
     return torch.device("cuda")
 
 
-def time_cuda_graph(fn: Callable[[], Any], *, graph_reps: int = 20, repeats: int = 30, warmup: int = 3) -> float:
-    """Median time of one ``fn()`` call in microseconds, under CUDA-graph replay.
-
-    ``fn`` must be capturable: no host synchronisation, no allocation that changes between calls.
-    ``graph_reps`` calls are captured into one graph to amortise the replay launch.
-    """
+def _capture(fn: Callable[[], Any], graph_reps: int, warmup: int) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream, capture ``graph_reps`` calls into one CUDA graph, replay it once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -53,6 +49,16 @@ def time_cuda_graph(fn: Callable[[], Any], *, graph_reps: int = 20, repeats: int
             fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_cuda_graph(fn: Callable[[], Any], *, graph_reps: int = 20, repeats: int = 30, warmup: int = 3) -> float:
+    """Median time of one ``fn()`` call in microseconds, under CUDA-graph replay.
+
+    ``fn`` must be capturable: no host synchronisation, no allocation that changes between calls.
+    ``graph_reps`` calls are captured into one graph to amortise the replay launch.
+    """
+    graph = _capture(fn, graph_reps, warmup)
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -75,18 +81,7 @@ def kernel_device_us(fn: Callable[[], Any], *, graph_reps: int = 20, replays: in
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(graph_reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = _capture(fn, graph_reps, warmup=1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()
