@@ -531,6 +531,17 @@ def test_explore_best_takes_the_minimum_over_splits_per_point():
     assert out[0]["copy_gb_s"] == 4000.0
 
 
+@pytest.mark.skipif(ON_GPU, reason="checks the no-GPU message")
+def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
+    from workbench import cli
+
+    for extra in (["--explore", "3"], ["--layouts"], ["--quick"]):
+        assert cli.main(["bench", "decode", "--out", "/dev/null", *extra]) == 2
+        assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: rounds are 1-7
+        cli.main(["bench", "decode", "--explore", "9"])
+
+
 def test_cache_pool_runs_keep_blocks_contiguous():
     from workbench.bench import decode as bench
 

@@ -532,7 +532,8 @@ MERGE_TILES = [(16, 32), (16, 64), (16, 128), (32, 64)]
 
 def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
     """``phase="compile"``: compile every case of the focused sweep in parallel (fills Triton's cache);
-    ``phase="time"``: measure the ceilings and time every case, writing JSON with provenance to ``out``."""
+    ``phase="time"``: measure the ceilings and time every case, writing JSON with provenance to ``out``.
+    From the command line: ``workbench bench decode --explore N --out F.json`` runs both phases."""
     cases = _explore_cases(round_)
     dev = common.require_gpu()
     sm = mla._sm_count(dev)
@@ -712,6 +713,15 @@ def print_bars(bars: list[dict], log=print) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "explore", None):
+        explore(args.out, "compile", args.explore)
+        explore(args.out, "time", args.explore)
+        print(f"wrote {args.out}")
+        return 0
+    if getattr(args, "layouts", False):
+        compare_layouts(args.out)
+        print(f"wrote {args.out}")
+        return 0
     grid = QUICK_GRID if args.quick else MAIN_GRID + QLEN_GRID
     payload = run(grid=grid, do_tune=args.tune, with_torch=not args.no_torch)
     path = common.write_json(args.out, payload)
