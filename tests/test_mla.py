@@ -284,6 +284,21 @@ def test_kernel_variants_match_golden_interpreter(variant, case_id):
     torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+def test_balanced_request_search_over_several_chunks(monkeypatch):
+    """The balanced kernel finds each program's first request by counting kv_indptr entries in chunks of
+    BLOCK_B; with the chunk capped at 16, 40 ragged requests (some of one key) need three chunks."""
+    monkeypatch.setattr(mla, "_BALANCED_MAX_BLOCK_B", 16)
+    kv = [1 + (7 * i) % 23 for i in range(40)]
+    case = make_case([1] * 40, kv, 1, dtype=torch.float32, seed=40)
+    cfg = dataclasses.replace(mla.triton_config(1, torch.float32), balanced=True)
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], 1, 0.1, num_splits=7, config=cfg)
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+
+
 def test_register_cap_must_leave_room_for_the_accumulator():
     mla.TritonConfig(16, 64, 4, 2, max_regs=128)  # 64 + 32 registers: fine
     with pytest.raises(ValueError, match=r"max_regs is 128.*160 registers per thread for a 64-row tile on 8 warps"):

@@ -892,6 +892,9 @@ def choose_balanced_programs(row_blocks: int, total_tokens: int, config: TritonC
     return max(1, min(slots, -(-max(total_tokens, 1) // config.min_tokens_per_program)))
 
 
+_BALANCED_MAX_BLOCK_B = 1024  # kv_indptr entries one vector load of the balanced kernel's request search reads
+
+
 def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, programs):
     total_q, heads, _ = q.shape
     num_reqs = qo_indptr.numel() - 1
@@ -902,7 +905,8 @@ def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_q
     compiled = _mla_decode_balanced_kernel[(row_blocks, programs)](
         q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, mid_o, mid_lse, cache.stride(0), scale * _LOG2E,
         num_reqs, programs, NUM_HEADS=heads, ROWS_PER_REQ=rows_per_req,
-        BLOCK_B=min(triton.next_power_of_2(max(num_reqs, 16)), 1024), DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_B=min(triton.next_power_of_2(max(num_reqs, 16)), _BALANCED_MAX_BLOCK_B),
+        DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
         **cfg.launch_options())
     _note_compiled(cfg, compiled)
