@@ -63,7 +63,9 @@ __all__ = [
     "TritonConfig",
     "aiter_unsupported_reasons",
     "choose_backend",
+    "choose_balanced_programs",
     "choose_num_splits",
+    "default_splits",
     "default_sm_scale",
     "demo_page_indices_as_token_indices",
     "make_decode_example",
@@ -329,6 +331,16 @@ _LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _load_q(q_row, row_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
+    """The latent (BLOCK_M, 512) and rope (BLOCK_M, 64) parts of the query rows at ``q_row``; 0 where not ``row_ok``."""
+    d_lat = tl.arange(0, D_LATENT)
+    d_rope = tl.arange(0, D_ROPE)
+    q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)
+    q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+    return q_lat, q_rope
+
+
+@triton.jit
 def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                   DOT_PRECISION: tl.constexpr):
     """One KV tile of the online softmax: scores over 576 dims (latent + rope), the bottom-right causal mask
@@ -430,8 +442,7 @@ def _mla_decode_split_kernel(
         # Latency-bound short programs: each tile's rows wait on its indices, then on the gather. Here the
         # loads for tile i+1 (and the indices of tile i+2) are issued before tile i is computed, so one
         # program keeps two dependent load chains in flight instead of one.
-        q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
-        q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+        q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         cols = k_lo + tl.arange(0, BLOCK_N)
         col_ok = cols < k_hi
@@ -453,8 +464,7 @@ def _mla_decode_split_kernel(
             cols = cols_n
             col_ok = ok_n
     else:
-        q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)  # (BLOCK_M, 512)
-        q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+        q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         for start in tl.range(k_lo, k_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             cols = start + tl.arange(0, BLOCK_N)
@@ -621,8 +631,7 @@ def _mla_decode_balanced_kernel(
             limit = s_k - s_q + rows // NUM_HEADS
             grow = (q_start * NUM_HEADS + rows).to(tl.int64)
             q_row = Q + grow * (D_LATENT + D_ROPE)
-            q_lat = tl.load(q_row[:, None] + d_lat[None, :], mask=row_ok[:, None], other=0.0)
-            q_rope = tl.load(q_row[:, None] + D_LATENT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+            q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
@@ -899,6 +908,15 @@ def choose_balanced_programs(row_blocks: int, total_tokens: int, config: TritonC
 _BALANCED_MAX_BLOCK_B = 1024  # kv_indptr entries one vector load of the balanced kernel's request search reads
 
 
+def default_splits(config: TritonConfig, num_reqs: int, row_blocks: int, total_tokens: int, sm_count: int) -> int:
+    """The launch's split count when the caller gives none: :func:`choose_num_splits` per request, or for a
+    ``balanced`` config the programs per row block (:func:`choose_balanced_programs`). ``total_tokens`` may
+    be an upper bound such as ``kv_indices.numel()``."""
+    if config.balanced:
+        return choose_balanced_programs(row_blocks, total_tokens, config, sm_count)
+    return choose_num_splits(num_reqs, row_blocks, total_tokens / max(num_reqs, 1), config, sm_count)
+
+
 def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, programs):
     total_q, heads, _ = q.shape
     num_reqs = qo_indptr.numel() - 1
@@ -946,14 +964,12 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         return out, lse
     cfg = config or triton_config(max_qo_len * heads, q.dtype)
     row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
-    if cfg.balanced:  # num_splits, if given, is the number of programs per row block
-        scale = default_sm_scale() if sm_scale is None else float(sm_scale)
-        programs = num_splits or choose_balanced_programs(row_blocks, kv_indices.numel(), cfg, _sm_count(q.device))
-        _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, programs)
-        return out, lse
     if num_splits is None:
-        num_splits = choose_num_splits(num_reqs, row_blocks, kv_indices.numel() / num_reqs, cfg, _sm_count(q.device))
+        num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), _sm_count(q.device))
     scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+    if cfg.balanced:  # num_splits is the number of programs per row block
+        _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits)
+        return out, lse
     total_rows = total_q * heads
     common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
                   DOT_PRECISION=_dot_precision(q.dtype),

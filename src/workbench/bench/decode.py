@@ -134,7 +134,7 @@ def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: i
     cfg = config or mla.triton_config(qlen * heads, x["q"].dtype)
     rows = qlen * heads
     row_blocks = -(-rows // cfg.block_m)
-    splits = mla.choose_num_splits(batch, row_blocks, context, cfg, mla._sm_count(pool.device))
+    splits = mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
     out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
 
     def run_triton():
@@ -274,7 +274,7 @@ def precompile_grid(grid: list[tuple[int, int, int, int]] | None = None, workers
     jobs = []
     for h, q, b, l in grid:
         cfg = mla.triton_config(q * h, torch.bfloat16)
-        jobs.append((cfg, h, q, b, mla.choose_num_splits(b, -(-q * h // cfg.block_m), l, cfg, sm)))
+        jobs.append((cfg, h, q, b, mla.default_splits(cfg, b, -(-q * h // cfg.block_m), b * l, sm)))
     return precompile(jobs, workers=workers, log=log)
 
 
@@ -289,10 +289,8 @@ def sweep(cases: list[tuple[str, mla.TritonConfig, tuple[int, int, int, int], li
         out = torch.empty(b * q, h, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
         row_blocks = -(-q * h // cfg.block_m)
         for forced in split_list:
-            if cfg.balanced:  # the "split" count is the number of programs per row block
-                splits = forced or mla.choose_balanced_programs(row_blocks, b * l, cfg, mla._sm_count(pool.device))
-            else:
-                splits = forced or mla.choose_num_splits(b, row_blocks, l, cfg, mla._sm_count(pool.device))
+            # for a balanced config the "split" count is the number of programs per row block
+            splits = forced or mla.default_splits(cfg, b, row_blocks, b * l, mla._sm_count(pool.device))
             try:
                 us = timer(lambda: mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"],
                                                          x["kv_indices"], q, None, num_splits=splits, config=cfg,
@@ -542,10 +540,7 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
         for _, cfg, (h, q, b, l), split_list in cases:
             rb = -(-q * h // cfg.block_m)
             for forced in split_list:
-                if cfg.balanced:
-                    jobs.append((cfg, h, q, b, forced or mla.choose_balanced_programs(rb, b * l, cfg, sm)))
-                else:
-                    jobs.append((cfg, h, q, b, forced or mla.choose_num_splits(b, rb, l, cfg, sm)))
+                jobs.append((cfg, h, q, b, forced or mla.default_splits(cfg, b, rb, b * l, sm)))
         log(f"precompiled {len(set(jobs))} launches in {precompile(jobs, workers=10, log=log):.0f} s")
         return
     matmul = matmul_tflops()
