@@ -258,6 +258,7 @@ VARIANTS = {
     "balanced": dict(balanced=True, merge_split_chunk=2),
     "max_regs": dict(max_regs=128, num_warps=4),  # a launch option (the interpreter ignores it)
     "warp_specialize": dict(warp_specialize=True, block_m=64, num_warps=8, num_stages=3),  # see TritonConfig
+    "idx_ahead": dict(idx_ahead=True),
 }
 # (qo_lens, kv_lens, heads, splits or programs): ragged queries, a request with no query tokens, keys shorter
 # than one tile, splits/programs that leave some empty, more programs than tokens.

@@ -381,6 +381,7 @@ def _mla_decode_split_kernel(
     SWAP_AB: tl.constexpr,  # compute the transposed problem: keys as the MMA's M dimension (few rows)
     PREFETCH: tl.constexpr,  # register double-buffering: the next tile's rows and the one after's indices in flight
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the default loop
+    IDX_AHEAD: tl.constexpr,  # the next tile's indices loaded one tile early (rows left to the pipeliner)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
@@ -463,6 +464,24 @@ def _mla_decode_split_kernel(
             k_rope = k_rope_n
             cols = cols_n
             col_ok = ok_n
+    elif IDX_AHEAD:
+        # Only the indices run ahead: the next tile's 64 indices are loaded (into a few registers) one tile
+        # early, so the gather of each tile does not wait on a dependent index load; the rows themselves are
+        # left to Triton's pipeliner (unlike PREFETCH, which holds whole KV tiles in registers and spills).
+        q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
+        acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+        cols_n = k_lo + tl.arange(0, BLOCK_N)
+        idx_n = tl.load(KV_INDICES + kv_start + cols_n, mask=cols_n < k_hi, other=0)
+        for start in range(k_lo, k_hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_ok = cols < k_hi
+            idx = idx_n.to(tl.int64)
+            idx_n = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
+            kv_row = KV + idx[:, None] * stride_kv
+            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
+            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+            acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
+                                          DOT_PRECISION)
     else:
         q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
@@ -733,6 +752,7 @@ class TritonConfig:
     min_tokens_per_program: int = 128  # balanced: fewer programs than slots when the batch is small
     max_regs: int | None = None  # cap on registers per thread (more resident warps, maybe spills); NVIDIA only
     warp_specialize: bool = False  # Triton's automatic warp specialisation of the default loop
+    idx_ahead: bool = False  # the next tile's indices loaded one tile early, rows left to Triton's pipeliner
 
     def __post_init__(self) -> None:
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
@@ -758,13 +778,13 @@ class TritonConfig:
     def key(self) -> tuple:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
-                self.balanced, self.max_regs, self.warp_specialize)
+                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead)
 
     @property
     def label(self) -> str:
         return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
-                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else ""))
+                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -972,6 +992,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         return out, lse
     total_rows = total_q * heads
     common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
+                  IDX_AHEAD=cfg.idx_ahead,
                   DOT_PRECISION=_dot_precision(q.dtype),
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
                   **cfg.launch_options())

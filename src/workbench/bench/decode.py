@@ -331,6 +331,22 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 8:
+        ia = dict(idx_ahead=True)
+        mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
+               ("16x64 w4 s2 ia", tc(16, 64, 4, 2, programs_per_sm=2, **ia)),
+               ("16x64 w4 s3 ia", tc(16, 64, 4, 3, programs_per_sm=2, **ia)),
+               ("16x64 w8 s2 ia", tc(16, 64, 8, 2, programs_per_sm=2, **ia)),
+               ("16x32 w4 s2 ia", tc(16, 32, 4, 2, programs_per_sm=2, **ia)),
+               ("16x32 w4 s3 ia", tc(16, 32, 4, 3, programs_per_sm=2, **ia)),
+               ("16x32 w4 s4 ia", tc(16, 32, 4, 4, programs_per_sm=2, **ia))]
+        mem_points = [((16, 1, 16, 4096), [None, 8]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None])]
+        big = [("64x64 w8 s3", tc(64, 64, 8, 3, programs_per_sm=1)),
+               ("64x64 w8 s3 ia", tc(64, 64, 8, 3, programs_per_sm=1, **ia)),
+               ("64x64 w8 s2 ia", tc(64, 64, 8, 2, programs_per_sm=1, **ia)),
+               ("32x64 w4 s2 ia", tc(32, 64, 4, 2, programs_per_sm=2, **ia))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 7:
         ws = dict(warp_specialize=True)
         mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
@@ -490,6 +506,7 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
         FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
+        IDX_AHEAD=cfg.idx_ahead,
         DOT_PRECISION=None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
         D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
