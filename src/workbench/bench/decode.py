@@ -331,6 +331,27 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 9:
+        ia = dict(idx_ahead=True)
+        mem = [("16x32 w4 s3 ia", tc(16, 32, 4, 3, programs_per_sm=2, **ia)),
+               ("16x32 w4 s3 ia fused", tc(16, 32, 4, 3, programs_per_sm=2, **ia, **fused)),
+               ("16x16 w4 s4 ia", tc(16, 16, 4, 4, programs_per_sm=2, **ia)),
+               ("16x16 w4 s6 ia", tc(16, 16, 4, 6, programs_per_sm=2, **ia)),
+               ("16x32 w2 s3 ia", tc(16, 32, 2, 3, programs_per_sm=2, **ia)),
+               ("16x64 w8 s3 ia", tc(16, 64, 8, 3, programs_per_sm=1, **ia))]
+        mem_points = [((16, 1, 16, 4096), [None, 8, 12, 16, 24, 32]), ((16, 1, 64, 32768), [None]),
+                      ((16, 1, 128, 8192), [None]), ((16, 1, 64, 4096), [None]), ((16, 1, 128, 1024), [None]),
+                      ((16, 1, 1, 32768), [None])]
+        big = [("32x64 w4 s2", tc(32, 64, 4, 2, programs_per_sm=2)),
+               ("32x32 w4 s3 ia", tc(32, 32, 4, 3, programs_per_sm=2, **ia)),
+               ("32x32 w8 s3 ia", tc(32, 32, 8, 3, programs_per_sm=2, **ia)),
+               ("64x64 w8 s3", tc(64, 64, 8, 3, programs_per_sm=1)),
+               ("64x32 w8 s3 ia", tc(64, 32, 8, 3, programs_per_sm=1, **ia)),
+               ("64x32 w8 s4 ia", tc(64, 32, 8, 4, programs_per_sm=1, **ia)),
+               ("64x64 w8 s2 ia", tc(64, 64, 8, 2, programs_per_sm=1, **ia))]
+        big_points = [((16, 2, 64, 4096), [None]), ((16, 2, 16, 4096), [None]), ((128, 1, 64, 4096), [None]),
+                      ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 8:
         ia = dict(idx_ahead=True)
         mem = [("16x64 w4 s2", tc(16, 64, 4, 2, programs_per_sm=2)),
