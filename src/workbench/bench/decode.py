@@ -331,6 +331,23 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 10:
+        ia = dict(idx_ahead=True)
+        mem = [("16x64 w8 s3 ia", tc(16, 64, 8, 3, programs_per_sm=1, **ia)),
+               ("16x32 w4 s3 ia", tc(16, 32, 4, 3, programs_per_sm=2, **ia)),
+               ("16x32 w8 s3 ia", tc(16, 32, 8, 3, programs_per_sm=2, **ia)),
+               ("16x32 w8 s4 ia", tc(16, 32, 8, 4, programs_per_sm=1, **ia)),
+               ("16x32 w8 s5 ia", tc(16, 32, 8, 5, programs_per_sm=1, **ia)),
+               ("16x32 w8 s6 ia", tc(16, 32, 8, 6, programs_per_sm=1, **ia)),
+               ("16x32 w4 s5 ia", tc(16, 32, 4, 5, programs_per_sm=1, **ia))]
+        mem_points = [((16, 1, 16, 4096), [None, 6, 8, 10, 16]), ((16, 1, 64, 32768), [None]),
+                      ((16, 1, 128, 8192), [None]), ((16, 1, 64, 4096), [None]), ((16, 1, 128, 1024), [None]),
+                      ((16, 1, 1, 32768), [None])]
+        big = [("32x32 w4 s3 ia", tc(32, 32, 4, 3, programs_per_sm=2, **ia)),
+               ("32x64 w8 s3 ia", tc(32, 64, 8, 3, programs_per_sm=1, **ia)),
+               ("32x32 w8 s4 ia", tc(32, 32, 8, 4, programs_per_sm=1, **ia))]
+        big_points = [((16, 2, 64, 4096), [None]), ((16, 2, 16, 4096), [None]), ((16, 2, 64, 32768), [None])]
+        old = mem[0]
     elif round_ == 9:
         ia = dict(idx_ahead=True)
         mem = [("16x32 w4 s3 ia", tc(16, 32, 4, 3, programs_per_sm=2, **ia)),
@@ -562,6 +579,7 @@ def explain_fixed_cost(out: str, log=print) -> None:
                                 ceilings={"copy": copy}, config=dataclasses.asdict(cfg), rows=rows))
 
 
+SPLIT_ONLY_POINT = (16, 1, 16, 4096)
 MERGE_ONLY = [(16, 256), (8, 256), (4, 1024), (2, 2048)]  # (splits, rows): B=16, B=64 and B=128 at 16 heads
 MERGE_TILES = [(16, 32), (16, 64), (16, 128), (32, 64)]
 
@@ -600,10 +618,20 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
             us = time_merge_only(splits, total_rows, br, bd)
             merge_rows.append(dict(num_splits=splits, total_rows=total_rows, block_r=br, block_d=bd, us=us))
             log(f"merge only: {splits:2d} splits x {total_rows:4d} rows, tile {br}x{bd}: {us:6.1f} us")
+    split_rows = []
+    for label, cfg, (h, q, b, l), split_list in cases if round_ >= 10 else []:
+        if (h, q, b, l) == SPLIT_ONLY_POINT:  # where the time of the smallest bar point goes
+            for splits in split_list[1:]:
+                us = time_split_only(pool, h, q, b, l, cfg, splits)
+                merge_us = time_merge_only(splits, b * q * h, cfg.merge_block_r, cfg.merge_block_d)
+                split_rows.append(dict(label=label, heads=h, qlen=q, batch=b, context=l, num_splits=splits,
+                                       split_only_us=us, merge_only_us=merge_us))
+                log(f"{label:28s} S{splits:3d}: split only {us:6.1f} us, merge only {merge_us:5.1f} us")
     ceilings["copy_end"] = common.copy_bandwidth()
     log(f"copy at the end {ceilings['copy_end']['gb_s']:.0f} GB/s")
     common.write_json(out, dict(benchmark="mla_decode_explore", provenance=common.provenance(), ceilings=ceilings,
-                                round=round_, rows=rows, merge_only=merge_rows, self_checks=checks))
+                                round=round_, rows=rows, merge_only=merge_rows, split_only=split_rows,
+                                self_checks=checks))
 
 
 # ----------------------------------------------------------------------------------------------
