@@ -382,6 +382,7 @@ def _mla_decode_split_kernel(
     PREFETCH: tl.constexpr,  # register double-buffering: the next tile's rows and the one after's indices in flight
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the default loop
     IDX_AHEAD: tl.constexpr,  # the next tile's indices loaded one tile early (rows left to the pipeliner)
+    LAUNCH_DEPENDENTS: tl.constexpr,  # PDL: let the merge kernel be scheduled once this program's loop is done
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
@@ -495,6 +496,8 @@ def _mla_decode_split_kernel(
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
 
+    if LAUNCH_DEPENDENTS:  # the merge still waits (griddepcontrol.wait) until this whole grid's stores are visible
+        tl.extra.cuda.gdc_launch_dependents()
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -561,10 +564,13 @@ def _mla_decode_merge_kernel(
     BLOCK_D: tl.constexpr,  # output columns per program (grid axis 1): D_LATENT // BLOCK_D programs per row block
     SPLIT_CHUNK: tl.constexpr,  # splits loaded at once: (SPLIT_CHUNK, BLOCK_R, BLOCK_D) partials in flight
     D_LATENT: tl.constexpr,
+    GDC_WAIT: tl.constexpr = False,  # launched with PDL: wait for the split kernel's grid before reading partials
 ):
     """Merge the splits of BLOCK_R rows x BLOCK_D columns. Many small programs, each loading the partials of
     up to SPLIT_CHUNK splits in one go (not one split after another), so the merge is short even when one
     request has many splits: it reads from L2 at the parallelism of the whole GPU."""
+    if GDC_WAIT:
+        tl.extra.cuda.gdc_wait()
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -753,6 +759,7 @@ class TritonConfig:
     max_regs: int | None = None  # cap on registers per thread (more resident warps, maybe spills); NVIDIA only
     warp_specialize: bool = False  # Triton's automatic warp specialisation of the default loop
     idx_ahead: bool = False  # the next tile's indices loaded one tile early, rows left to Triton's pipeliner
+    pdl: bool = False  # launch the second-kernel merge with programmatic dependent launch (NVIDIA sm90+ only)
 
     def __post_init__(self) -> None:
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
@@ -778,13 +785,14 @@ class TritonConfig:
     def key(self) -> tuple:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
-                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead)
+                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl)
 
     @property
     def label(self) -> str:
         return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
-                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else ""))
+                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "")
+                + (" pdl" if self.pdl else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -844,34 +852,45 @@ def _counter_workspace(dev: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
-    """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows.
+SMALL_BATCH_TOKENS = 262_144  # at most this many KV tokens in a call: the one-program-per-SM configs
+
+
+def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None) -> TritonConfig:
+    """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows and a batch of
+    ``total_tokens`` KV tokens (an upper bound is fine, such as ``kv_indices.numel()``; None: a large batch).
 
     Under the interpreter: the smallest legal tiles (``tl.dot`` needs 16 in every dimension).
     On a GPU: the configs the focused sweeps of ``workbench.bench.decode.explore`` chose on an H200
-    (tables under ``explore`` in src/workbench/data/bench_decode_h200.json):
+    (tables under ``explore`` in src/workbench/data/bench_decode_h200.json). Up to 32 rows they load the
+    next tile's indices one tile ahead (``idx_ahead``): without it Triton 3.6 gave the row gather a single
+    shared-memory buffer (the gather of tile i+1 waited on its index load and was issued only after tile i was
+    computed), with it the gather is double-buffered (round 8, +6 % bandwidth at B=64 L=32k).
 
-    * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 64-token tiles, 4 warps, 2 stages (two
-      programs per SM), splits merged by the second kernel. Deeper pipelining (3 or 5 stages, which
-      prefetch the next tile's indices) spilled registers or cost occupancy and was slower; with these tiles
-      the second-kernel merge beat the last-split merge at every bar point (its partials are read by hundreds
-      of programs at once instead of one program per request);
-    * up to 32 rows: 32x64 tiles, 4 warps, 2 stages;
+    * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 32-token tiles, 4 warps, 3 stages, two
+      programs per SM; for small batches (at most ``SMALL_BATCH_TOKENS`` tokens) 16x64 tiles on 8 warps,
+      3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10);
+    * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
     * more rows (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
-      8 warps, 3 stages (the indices of the next tile prefetched): 20-30 % faster than 32-row tiles.
+      8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
+      tiles; ``idx_ahead`` there was within noise (round 9).
 
-    The other switches of :class:`TritonConfig` (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``,
-    ``warp_specialize``) are the designs of rounds 3-7 of those sweeps: each is exact, none was faster on
-    the H200 than these defaults (chapter 3, "Five more designs").
+    The second-kernel merge is launched with programmatic dependent launch on sm90+ (``pdl``), which
+    overlaps its launch with the split kernel's tail. The other switches of :class:`TritonConfig`
+    (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the designs of rounds
+    3-7 of those sweeps: each is exact, none was faster on the H200 (chapter 3).
     """
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
                             merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_d=KV_LORA_RANK)
-    if rows_per_req <= 16:
-        return TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
+    small = total_tokens is not None and total_tokens <= SMALL_BATCH_TOKENS
     if rows_per_req <= 32:
-        return TritonConfig(block_m=32, block_n=64, num_warps=4, num_stages=2, programs_per_sm=2)
-    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1)
+        block_m = 16 if rows_per_req <= 16 else 32
+        if small:
+            return TritonConfig(block_m=block_m, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1,
+                                idx_ahead=True, pdl=True)
+        return TritonConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=3, programs_per_sm=2,
+                            idx_ahead=True, pdl=True)
+    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True)
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -982,7 +1001,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     lse = torch.empty(total_q, heads, dtype=torch.float32, device=q.device)
     if total_q == 0 or num_reqs == 0:
         return out, lse
-    cfg = config or triton_config(max_qo_len * heads, q.dtype)
+    cfg = config or triton_config(max_qo_len * heads, q.dtype, kv_indices.numel())
     row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
     if num_splits is None:
         num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), _sm_count(q.device))
@@ -991,8 +1010,9 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits)
         return out, lse
     total_rows = total_q * heads
+    pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
     common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-                  IDX_AHEAD=cfg.idx_ahead,
+                  IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl,
                   DOT_PRECISION=_dot_precision(q.dtype),
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
                   **cfg.launch_options())
@@ -1020,8 +1040,15 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
                                          BLOCK_R=cfg.merge_block_r, BLOCK_D=cfg.merge_block_d,
                                          SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk),
-                                         D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1)
+                                         D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
+                                         **(dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}))
     return out, lse
+
+
+def pdl_available(dev: torch.device) -> bool:
+    """Programmatic dependent launch: compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer."""
+    return (dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
+            and torch.cuda.get_device_capability(dev)[0] >= 9)
 
 
 def _check_kernel_args(q: torch.Tensor, cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,

@@ -131,7 +131,7 @@ def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: i
                   torch_mem_limit: float = 6e9) -> dict[str, Any]:
     """Time the Triton decode (and, if ``torch_timer`` is given and it fits, the torch path) at one point."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
-    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype)
+    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel())
     rows = qlen * heads
     row_blocks = -(-rows // cfg.block_m)
     splits = mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
@@ -273,7 +273,7 @@ def precompile_grid(grid: list[tuple[int, int, int, int]] | None = None, workers
     sm = mla._sm_count(common.require_gpu())
     jobs = []
     for h, q, b, l in grid:
-        cfg = mla.triton_config(q * h, torch.bfloat16)
+        cfg = mla.triton_config(q * h, torch.bfloat16, b * l)
         jobs.append((cfg, h, q, b, mla.default_splits(cfg, b, -(-q * h // cfg.block_m), b * l, sm)))
     return precompile(jobs, workers=workers, log=log)
 
@@ -331,6 +331,22 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 11:
+        bf = torch.bfloat16
+        nopdl = dict(pdl=False)
+        small, large = mla.triton_config(16, bf, 65536), mla.triton_config(16, bf)
+        mem = [("16 small", small), ("16 small no pdl", dataclasses.replace(small, **nopdl)),
+               ("16 large", large), ("16 large no pdl", dataclasses.replace(large, **nopdl))]
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None]), ((16, 1, 128, 1024), [None]), ((16, 1, 128, 2048), [None]),
+                      ((16, 1, 1, 32768), [None]), ((16, 1, 32, 8192), [None])]
+        big64 = mla.triton_config(64, bf)
+        small32, large32 = mla.triton_config(32, bf, 65536), mla.triton_config(32, bf)
+        big = [("64 rows", big64), ("64 rows no pdl", dataclasses.replace(big64, **nopdl)),
+               ("32 small", small32), ("32 large", large32)]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None]),
+                      ((16, 2, 64, 4096), [None]), ((16, 2, 16, 4096), [None])]
+        old = mem[0]
     elif round_ == 10:
         ia = dict(idx_ahead=True)
         mem = [("16x64 w8 s3 ia", tc(16, 64, 8, 3, programs_per_sm=1, **ia)),
@@ -544,7 +560,7 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
         FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-        IDX_AHEAD=cfg.idx_ahead,
+        IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=False,
         DOT_PRECISION=None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
         D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
