@@ -388,6 +388,43 @@ def test_triton_gpu_ragged_and_cuda_graph(dtype, fused_merge):
         torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
+@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("batch_tokens", [None, 65536])  # the large- and the small-batch defaults
+@pytest.mark.parametrize("qlen", [1, 2, 3])
+def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
+    """Both size classes of the default config (the tests' own batches are small, so the large-batch
+    config is forced here), with and without the PDL-launched merge, eagerly and under CUDA-graph replay."""
+    case = make_case([qlen] * 5, [max(n, qlen) for n in GPU_KV_LENS], 16, dtype=torch.bfloat16, device="cuda",
+                     seed=qlen)
+    cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16, batch_tokens), pdl=pdl)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
+    eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=6)
+    check_against_golden(case, eager_out, eager_lse, torch.bfloat16, 0.07, f"{cfg.label} qlen {qlen}")
+    out = torch.empty_like(eager_out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla.mla_decode_triton(*args, config=cfg, num_splits=6, out=out)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+
+
+def test_default_configs_follow_the_batch_size(monkeypatch):
+    monkeypatch.setattr(mla.device, "interpreter_active", lambda: False)
+    small = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS)
+    large = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS + 1)
+    assert (small.block_n, small.num_warps, small.programs_per_sm) == (64, 8, 1)
+    assert (large.block_n, large.num_warps, large.programs_per_sm) == (32, 4, 2)
+    assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
+    assert all(c.idx_ahead and c.pdl for c in (small, large))
+    assert mla.triton_config(32, torch.bfloat16).block_m == 32 and mla.triton_config(33, torch.bfloat16).block_m == 64
+
+
 # ----------------------------------------------------------------------------------------------
 # backends and input checks
 # ----------------------------------------------------------------------------------------------
