@@ -259,6 +259,7 @@ VARIANTS = {
     "max_regs": dict(max_regs=128, num_warps=4),  # a launch option (the interpreter ignores it)
     "warp_specialize": dict(warp_specialize=True, block_m=64, num_warps=8, num_stages=3),  # see TritonConfig
     "idx_ahead": dict(idx_ahead=True),
+    "l2_ahead": dict(idx_ahead=True, l2_ahead=2),  # the prefetch is PTX: compiled NVIDIA only
 }
 # (qo_lens, kv_lens, heads, splits or programs): ragged queries, a request with no query tokens, keys shorter
 # than one tile, splits/programs that leave some empty, more programs than tokens.
@@ -316,6 +317,14 @@ def test_warp_specialize_refuses_small_tiles():
     mla.TritonConfig(64, 64, 8, 3, warp_specialize=True)
 
 
+def test_l2_ahead_needs_idx_ahead():
+    with pytest.raises(ValueError, match="l2_ahead is 2; .* only with idx_ahead=True"):
+        mla.TritonConfig(16, 64, 4, 2, l2_ahead=2)
+    with pytest.raises(ValueError, match="l2_ahead is -1"):
+        mla.TritonConfig(16, 64, 4, 2, idx_ahead=True, l2_ahead=-1)
+    assert mla.l2_ahead_for(mla.TritonConfig(16, 64, 4, 2, idx_ahead=True, l2_ahead=2), torch.device("cpu")) == 0
+
+
 def test_balanced_programs_follow_the_slots_and_small_batches():
     cfg = mla.TritonConfig(16, 64, 4, 2, programs_per_sm=2, balanced=True)
     assert mla.choose_balanced_programs(1, 128 * 8192, cfg, 132) == 264  # every slot once
@@ -337,7 +346,7 @@ def test_kernel_variants_gpu(variant, qlen):
             dataclasses.replace(base, **VARIANTS[variant])
         return
     cfg = dataclasses.replace(base, **VARIANTS[variant])
-    if variant in ("swap_ab", "idx_ahead") and cfg.block_m > 32:
+    if variant in ("swap_ab", "idx_ahead", "l2_ahead") and cfg.block_m > 32:
         cfg = dataclasses.replace(cfg, num_stages=2)  # 64 rows with 3 stages of these exceed shared memory
     out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                      case["kv_indices"], qlen, 0.07, config=cfg)
@@ -591,8 +600,8 @@ def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
     for extra in (["--explore", "3"], ["--layouts"], ["--quick"]):
         assert cli.main(["bench", "decode", "--out", "/dev/null", *extra]) == 2
         assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # argparse: rounds are 1-11
-        cli.main(["bench", "decode", "--explore", "12"])
+    with pytest.raises(SystemExit):  # argparse: rounds are 1-12
+        cli.main(["bench", "decode", "--explore", "13"])
 
 
 def test_cache_pool_runs_keep_blocks_contiguous():

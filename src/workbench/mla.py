@@ -341,6 +341,14 @@ def _load_q(q_row, row_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask the L2 cache to fetch the line holding each address of ``ptrs`` (a hint: no register is written,
+    nothing waits for it). NVIDIA PTX only."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                   DOT_PRECISION: tl.constexpr):
     """One KV tile of the online softmax: scores over 576 dims (latent + rope), the bottom-right causal mask
@@ -383,6 +391,7 @@ def _mla_decode_split_kernel(
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the default loop
     IDX_AHEAD: tl.constexpr,  # the next tile's indices loaded one tile early (rows left to the pipeliner)
     LAUNCH_DEPENDENTS: tl.constexpr,  # PDL: let the merge kernel be scheduled once this program's loop is done
+    L2_AHEAD: tl.constexpr,  # IDX_AHEAD only: prefetch the rows of the tile this many tiles ahead into L2 (0: off)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
@@ -473,11 +482,21 @@ def _mla_decode_split_kernel(
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         cols_n = k_lo + tl.arange(0, BLOCK_N)
         idx_n = tl.load(KV_INDICES + kv_start + cols_n, mask=cols_n < k_hi, other=0)
+        if L2_AHEAD > 0:  # rows of tile i + L2_AHEAD prefetched into L2 (their indices loaded a tile earlier)
+            far = cols_n + L2_AHEAD * BLOCK_N
+            idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)  # row 0 where out of range
+            line = tl.arange(0, 8) * 64  # the first 8 of a 16-bit row's 9 lines of 128 bytes; the 9th below
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
             idx = idx_n.to(tl.int64)
             idx_n = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
+            if L2_AHEAD > 0:
+                far_row = KV + idx_far.to(tl.int64) * stride_kv
+                _prefetch_l2(far_row[:, None] + line[None, :])
+                _prefetch_l2(far_row + 8 * 64)
+                far = cols + (L2_AHEAD + 1) * BLOCK_N
+                idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)
             kv_row = KV + idx[:, None] * stride_kv
             k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
             k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
@@ -760,12 +779,16 @@ class TritonConfig:
     warp_specialize: bool = False  # Triton's automatic warp specialisation of the default loop
     idx_ahead: bool = False  # the next tile's indices loaded one tile early, rows left to Triton's pipeliner
     pdl: bool = False  # launch the second-kernel merge with programmatic dependent launch (NVIDIA sm90+ only)
+    l2_ahead: int = 0  # idx_ahead only: L2 prefetch of the rows this many tiles ahead (compiled NVIDIA only)
 
     def __post_init__(self) -> None:
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
             raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
                              f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
                              "those on an H200 (the 16-row mma.sync tiles and 64-row tiles on 4 warps failed)")
+        if self.l2_ahead < 0 or (self.l2_ahead and not self.idx_ahead):
+            raise ValueError(f"l2_ahead is {self.l2_ahead}; it must be >= 0, and > 0 only with idx_ahead=True "
+                             "(the prefetch reads indices loaded ahead by that loop)")
         if self.max_regs is not None:
             need = self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 32
             if not 32 <= self.max_regs <= 255 or self.max_regs < need:
@@ -785,14 +808,14 @@ class TritonConfig:
     def key(self) -> tuple:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
-                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl)
+                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead)
 
     @property
     def label(self) -> str:
         return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
                 + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "")
-                + (" pdl" if self.pdl else ""))
+                + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1012,7 +1035,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
     common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-                  IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl,
+                  IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl, L2_AHEAD=l2_ahead_for(cfg, q.device),
                   DOT_PRECISION=_dot_precision(q.dtype),
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
                   **cfg.launch_options())
@@ -1043,6 +1066,13 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                                          D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
                                          **(dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}))
     return out, lse
+
+
+def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:
+    """The L2 prefetch distance the kernel gets: ``cfg.l2_ahead`` with ``idx_ahead`` on compiled NVIDIA
+    (the prefetch is PTX), else 0."""
+    nvidia = dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
+    return cfg.l2_ahead if cfg.idx_ahead and nvidia else 0
 
 
 def pdl_available(dev: torch.device) -> bool:

@@ -331,6 +331,18 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 12:
+        bf = torch.bfloat16
+        small, large = mla.triton_config(16, bf, 65536), mla.triton_config(16, bf)
+        mem = [("16 small", small)] + [(f"16 small l2+{d}", dataclasses.replace(small, l2_ahead=d)) for d in (2, 3, 5)]
+        mem += [("16 large", large)] + [(f"16 large l2+{d}", dataclasses.replace(large, l2_ahead=d)) for d in (2, 4, 6)]
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None])]
+        ia64 = tc(64, 64, 8, 2, programs_per_sm=1, idx_ahead=True, pdl=True)
+        big = [("64 rows", mla.triton_config(64, bf)), ("64x64 w8 s2 ia", ia64),
+               ("64x64 w8 s2 ia l2+2", dataclasses.replace(ia64, l2_ahead=2))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 11:
         bf = torch.bfloat16
         nopdl = dict(pdl=False)
@@ -560,7 +572,7 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
         FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-        IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=False,
+        IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=False, L2_AHEAD=mla.l2_ahead_for(cfg, pool.device),
         DOT_PRECISION=None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
         D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
