@@ -423,6 +423,17 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
         torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
+@pytest.mark.parametrize("qlen", [1, 2, 3, 8])
+def test_triton_gpu_fp32_every_row_class(qlen):
+    """fp32 rows are twice as wide in shared memory: the defaults must still fit for every row count."""
+    case = make_case([qlen] * 3, [max(n, qlen) for n in (33, 700, 4099)], 16, dtype=torch.float32, device="cuda",
+                     seed=qlen)
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
+    check_against_golden(case, res.out, res.lse, torch.float32, 0.07, f"fp32 qlen {qlen}")
+
+
 def test_default_configs_follow_the_batch_size(monkeypatch):
     monkeypatch.setattr(mla.device, "interpreter_active", lambda: False)
     small = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS)
@@ -432,6 +443,9 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
     assert all(c.idx_ahead and c.pdl for c in (small, large))
     assert mla.triton_config(32, torch.bfloat16).block_m == 32 and mla.triton_config(33, torch.bfloat16).block_m == 64
+    for rows in (1, 16, 17, 64, 2048):  # fp32: 32-token tiles of <= 32 rows (shared memory)
+        c = mla.triton_config(rows, torch.float32, 1000)
+        assert c.block_n == 32 and c.block_m <= 32 and c.num_stages == 3
 
 
 # ----------------------------------------------------------------------------------------------

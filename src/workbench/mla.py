@@ -897,6 +897,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
       tiles; ``idx_ahead`` there was within noise (round 9).
 
+    fp32 inputs (for exactness checks) get 32-token tiles of at most 32 rows, which fit in shared memory.
+
     The second-kernel merge is launched with programmatic dependent launch on sm90+ (``pdl``), which
     overlaps its launch with the split kernel's tail. The other switches of :class:`TritonConfig`
     (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the designs of rounds
@@ -905,6 +907,11 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
                             merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_d=KV_LORA_RANK)
+    if dtype.itemsize > 2:
+        # fp32 (exactness checks, not speed): rows twice as wide in shared memory, so tiles that fit
+        # 227 KB with the query tile and two KV buffers: 16 rows 184 KB, 32 rows 221 KB.
+        return TritonConfig(block_m=16 if rows_per_req <= 16 else 32, block_n=32, num_warps=4, num_stages=3,
+                            programs_per_sm=1, idx_ahead=True, pdl=True)
     small = total_tokens is not None and total_tokens <= SMALL_BATCH_TOKENS
     if rows_per_req <= 32:
         block_m = 16 if rows_per_req <= 16 else 32
