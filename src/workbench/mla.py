@@ -478,14 +478,17 @@ def _mla_decode_split_kernel(
         # Only the indices run ahead: the next tile's 64 indices are loaded (into a few registers) one tile
         # early, so the gather of each tile does not wait on a dependent index load; the rows themselves are
         # left to Triton's pipeliner (unlike PREFETCH, which holds whole KV tiles in registers and spills).
-        q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
-        acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+        # The first indices are requested before the query rows: the query tile goes to shared memory as
+        # soon as it arrives, and Triton emits that wait where the load is written, so q first would put the
+        # index load's latency after the query's instead of beside it.
         cols_n = k_lo + tl.arange(0, BLOCK_N)
         idx_n = tl.load(KV_INDICES + kv_start + cols_n, mask=cols_n < k_hi, other=0)
         if L2_AHEAD > 0:  # rows of tile i + L2_AHEAD prefetched into L2 (their indices loaded a tile earlier)
             far = cols_n + L2_AHEAD * BLOCK_N
             idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)  # row 0 where out of range
             line = tl.arange(0, 8) * 64  # the first 8 of a 16-bit row's 9 lines of 128 bytes; the 9th below
+        q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
+        acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi

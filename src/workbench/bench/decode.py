@@ -331,6 +331,15 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 13:
+        bf = torch.bfloat16
+        small, large = mla.triton_config(16, bf, 65536), mla.triton_config(16, bf)
+        mem = [("16 small", small), ("16 large", large)]
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
+        big = [("32 small", mla.triton_config(32, bf, 65536)), ("32 large", mla.triton_config(32, bf))]
+        big_points = [((16, 2, 16, 4096), [None]), ((16, 2, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 12:
         bf = torch.bfloat16
         small, large = mla.triton_config(16, bf, 65536), mla.triton_config(16, bf)
