@@ -480,7 +480,7 @@ def _mla_decode_split_kernel(
         # left to Triton's pipeliner (unlike PREFETCH, which holds whole KV tiles in registers and spills).
         # The first indices are requested before the query rows: the query tile goes to shared memory as
         # soon as it arrives, and Triton emits that wait where the load is written, so q first would put the
-        # index load's latency after the query's instead of beside it.
+        # index load's latency after the query's instead of beside it (measured: within noise, round 13).
         cols_n = k_lo + tl.arange(0, BLOCK_N)
         idx_n = tl.load(KV_INDICES + kv_start + cols_n, mask=cols_n < k_hi, other=0)
         if L2_AHEAD > 0:  # rows of tile i + L2_AHEAD prefetched into L2 (their indices loaded a tile earlier)
@@ -898,7 +898,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
     * more rows (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
-      tiles; ``idx_ahead`` there was within noise (round 9).
+      tiles; ``idx_ahead`` there (which needs 2 stages to fit) was mixed in rounds 8-9: 3-4 % faster at 128
+      heads, about 3 % slower at qlen 8, so it stays off.
 
     fp32 inputs (for exactness checks) get 32-token tiles of at most 32 rows, which fit in shared memory.
 
