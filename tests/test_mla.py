@@ -614,8 +614,8 @@ def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
     for extra in (["--explore", "3"], ["--layouts"], ["--quick"]):
         assert cli.main(["bench", "decode", "--out", "/dev/null", *extra]) == 2
         assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # argparse: rounds are 1-13
-        cli.main(["bench", "decode", "--explore", "14"])
+    with pytest.raises(SystemExit):  # argparse: rounds are 1-14
+        cli.main(["bench", "decode", "--explore", "15"])
 
 
 def test_cache_pool_runs_keep_blocks_contiguous():

@@ -392,6 +392,8 @@ def _mla_decode_split_kernel(
     IDX_AHEAD: tl.constexpr,  # the next tile's indices loaded one tile early (rows left to the pipeliner)
     LAUNCH_DEPENDENTS: tl.constexpr,  # PDL: let the merge kernel be scheduled once this program's loop is done
     L2_AHEAD: tl.constexpr,  # IDX_AHEAD only: prefetch the rows of the tile this many tiles ahead into L2 (0: off)
+    MERGE_CHUNK: tl.constexpr,  # FUSED_MERGE: splits whose partials the last split loads at once
+    MERGE_D: tl.constexpr,  # FUSED_MERGE: output columns merged per step (divides 512)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
@@ -538,36 +540,43 @@ def _mla_decode_split_kernel(
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if ticket == num_splits - 1:
                 tl.store(counter, 0)  # every other split has counted: reset for the next launch
-                final, final_lse = _merge_splits(OUT, LSE, grow, row_ok, total_rows, num_splits, BLOCK_M,
-                                                 D_LATENT, True)
-                tl.store(FINAL_O + grow[:, None] * D_LATENT + d_lat[None, :], final.to(FINAL_O.dtype.element_ty),
-                         mask=row_ok[:, None])
+                # Column chunks of the merged rows; each loads the partials of up to MERGE_CHUNK splits at once.
+                for d0 in tl.static_range(0, D_LATENT, MERGE_D):
+                    d = d0 + tl.arange(0, MERGE_D)
+                    final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d, total_rows, num_splits, BLOCK_M,
+                                                   MERGE_D, MERGE_CHUNK, D_LATENT, True)
+                    tl.store(FINAL_O + grow[:, None] * D_LATENT + d[None, :], final.to(FINAL_O.dtype.element_ty),
+                             mask=row_ok[:, None])
                 tl.store(FINAL_LSE + grow, final_lse, mask=row_ok)
 
 
 @triton.jit
-def _merge_splits(MID_O, MID_LSE, grow, row_ok, total_rows, num_splits, BLOCK_R: tl.constexpr,
-                  D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Combine the splits of rows ``grow`` by their LSE: returns (out fp32 (BLOCK_R, 512), natural-log lse)."""
-    d = tl.arange(0, D_LATENT)
+def _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                SPLIT_CHUNK: tl.constexpr, D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
+    """Combine the splits of rows ``rows`` (where ``ok``), columns ``d``, by their LSE, loading the partials
+    of SPLIT_CHUNK splits at once ((SPLIT_CHUNK, rows, cols) in flight, not one split after another).
+    Returns (out fp32 (rows, cols), natural-log lse (rows,)). ``BYPASS_L1``: the partials were written by
+    other programs of the same launch, so read them from L2."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, D_LATENT], dtype=tl.float32)
-    for s in range(num_splits):
-        prow = s * total_rows + grow
-        if BYPASS_L1:  # partials written by other programs of this launch: read them from L2
-            lse_s = tl.load(MID_LSE + prow, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-            o_s = tl.load(MID_O + prow[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None], other=0.0,
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        sp = s0 + tl.arange(0, SPLIT_CHUNK)
+        prow = sp[:, None].to(tl.int64) * total_rows + rows[None, :]  # (SPLIT_CHUNK, rows)
+        valid = (sp[:, None] < num_splits) & ok[None, :]
+        if BYPASS_L1:
+            lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"), cache_modifier=".cg")
+            o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0,
                           cache_modifier=".cg")
         else:
-            lse_s = tl.load(MID_LSE + prow, mask=row_ok, other=float("-inf"))
-            o_s = tl.load(MID_O + prow[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None], other=0.0)
-        m_new = tl.maximum(m, lse_s)
+            lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"))
+            o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         a = tl.exp(m - m_safe)
-        w = tl.exp(lse_s - m_safe)
-        acc = acc * a[:, None] + w[:, None] * o_s
-        denom = denom * a + w
+        w = tl.exp(lse_s - m_safe[None, :])  # (SPLIT_CHUNK, rows); 0 for splits that saw no key
+        acc = acc * a[:, None] + tl.sum(w[:, :, None] * o_s, 0)
+        denom = denom * a + tl.sum(w, 0)
         m = m_new
     has = denom > 0.0
     safe = tl.where(has, denom, 1.0)
@@ -596,28 +605,11 @@ def _mla_decode_merge_kernel(
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, SPLIT_CHUNK):
-        sp = s0 + tl.arange(0, SPLIT_CHUNK)
-        prow = sp[:, None].to(tl.int64) * total_rows + rows[None, :]  # (SPLIT_CHUNK, BLOCK_R)
-        valid = (sp[:, None] < num_splits) & ok[None, :]
-        lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"))
-        o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_s, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(m - m_safe)
-        w = tl.exp(lse_s - m_safe[None, :])  # (SPLIT_CHUNK, BLOCK_R); 0 for splits that saw no key
-        acc = acc * a[:, None] + tl.sum(w[:, :, None] * o_s, 0)
-        denom = denom * a + tl.sum(w, 0)
-        m = m_new
-    has = denom > 0.0
-    safe = tl.where(has, denom, 1.0)
-    tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
-             mask=ok[:, None])
+    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
+                           D_LATENT, False)
+    tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
     if tl.program_id(1) == 0:
-        tl.store(LSE + rows, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
+        tl.store(LSE + rows, lse, mask=ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1047,6 +1039,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
     common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
                   IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl, L2_AHEAD=l2_ahead_for(cfg, q.device),
+                  **fused_merge_tiles(cfg, num_splits),
                   DOT_PRECISION=_dot_precision(q.dtype),
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
                   **cfg.launch_options())
@@ -1077,6 +1070,17 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                                          D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
                                          **(dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}))
     return out, lse
+
+
+def fused_merge_tiles(cfg: TritonConfig, num_splits: int) -> dict[str, int]:
+    """The last-split merge's tiles: the partials of up to 8 splits (and at most ``merge_split_chunk``) loaded
+    at once, in column chunks sized so that the loaded partials take about 64 fp32 registers per thread."""
+    chunk = max(1, min(triton.next_power_of_2(max(num_splits, 1)), cfg.merge_split_chunk, 8))
+    if device.interpreter_active():
+        return dict(MERGE_CHUNK=chunk, MERGE_D=KV_LORA_RANK)  # one step: each interpreted op costs the same
+    cols = 64 * 32 * cfg.num_warps // (chunk * cfg.block_m)
+    cols = 1 << max(cols, 1).bit_length() - 1  # a power of two, rounded down
+    return dict(MERGE_CHUNK=chunk, MERGE_D=min(max(cols, 16), KV_LORA_RANK))
 
 
 def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:

@@ -331,6 +331,18 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 14:
+        bf = torch.bfloat16
+        fz = dict(fused_merge=True, merge_overhead_tokens=0, merge_tokens_per_split=32)
+        small, large = mla.triton_config(16, bf, 65536), mla.triton_config(16, bf)
+        mem = [("16 small", small), ("16 small fused", dataclasses.replace(small, **fz)),
+               ("16 large", large), ("16 large fused", dataclasses.replace(large, **fz))]
+        mem_points = [((16, 1, 16, 4096), [None, 8]), ((16, 1, 64, 4096), [None]), ((16, 1, 64, 32768), [None]),
+                      ((16, 1, 128, 8192), [None]), ((16, 1, 1, 32768), [None, 32, 64]), ((16, 1, 128, 1024), [None])]
+        big64 = mla.triton_config(64, bf)
+        big = [("64 rows", big64), ("64 rows fused", dataclasses.replace(big64, **fz))]
+        big_points = [((16, 4, 16, 4096), [None]), ((16, 8, 16, 4096), [None]), ((128, 1, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 13:
         bf = torch.bfloat16
         small, large = mla.triton_config(16, bf, 65536), mla.triton_config(16, bf)
@@ -582,6 +594,7 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
         FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
         IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=False, L2_AHEAD=mla.l2_ahead_for(cfg, pool.device),
+        **mla.fused_merge_tiles(cfg, num_splits),
         DOT_PRECISION=None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
         D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
