@@ -392,8 +392,6 @@ def _mla_decode_split_kernel(
     IDX_AHEAD: tl.constexpr,  # the next tile's indices loaded one tile early (rows left to the pipeliner)
     LAUNCH_DEPENDENTS: tl.constexpr,  # PDL: let the merge kernel be scheduled once this program's loop is done
     L2_AHEAD: tl.constexpr,  # IDX_AHEAD only: prefetch the rows of the tile this many tiles ahead into L2 (0: off)
-    MERGE_CHUNK: tl.constexpr,  # FUSED_MERGE: splits whose partials the last split loads at once
-    MERGE_D: tl.constexpr,  # FUSED_MERGE: output columns merged per step (divides 512)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
     BLOCK_M: tl.constexpr,  # folded (query, head) rows per program
     BLOCK_N: tl.constexpr,  # tokens per KV tile
@@ -540,13 +538,12 @@ def _mla_decode_split_kernel(
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if ticket == num_splits - 1:
                 tl.store(counter, 0)  # every other split has counted: reset for the next launch
-                # Column chunks of the merged rows; each loads the partials of up to MERGE_CHUNK splits at once.
-                for d0 in tl.static_range(0, D_LATENT, MERGE_D):
-                    d = d0 + tl.arange(0, MERGE_D)
-                    final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d, total_rows, num_splits, BLOCK_M,
-                                                   MERGE_D, MERGE_CHUNK, D_LATENT, True)
-                    tl.store(FINAL_O + grow[:, None] * D_LATENT + d[None, :], final.to(FINAL_O.dtype.element_ty),
-                             mask=row_ok[:, None])
+                # One split at a time over all 512 columns. (Loading 8 splits at once in column chunks, round 14,
+                # made this merge 4-10x slower on the H200.)
+                final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d_lat, total_rows, num_splits, BLOCK_M,
+                                               D_LATENT, 1, D_LATENT, True)
+                tl.store(FINAL_O + grow[:, None] * D_LATENT + d_lat[None, :], final.to(FINAL_O.dtype.element_ty),
+                         mask=row_ok[:, None])
                 tl.store(FINAL_LSE + grow, final_lse, mask=row_ok)
 
 
@@ -1039,7 +1036,6 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
     common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
                   IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl, L2_AHEAD=l2_ahead_for(cfg, q.device),
-                  **fused_merge_tiles(cfg, num_splits),
                   DOT_PRECISION=_dot_precision(q.dtype),
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
                   **cfg.launch_options())
@@ -1070,17 +1066,6 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                                          D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
                                          **(dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}))
     return out, lse
-
-
-def fused_merge_tiles(cfg: TritonConfig, num_splits: int) -> dict[str, int]:
-    """The last-split merge's tiles: the partials of up to 8 splits (and at most ``merge_split_chunk``) loaded
-    at once, in column chunks sized so that the loaded partials take about 64 fp32 registers per thread."""
-    chunk = max(1, min(triton.next_power_of_2(max(num_splits, 1)), cfg.merge_split_chunk, 8))
-    if device.interpreter_active():
-        return dict(MERGE_CHUNK=chunk, MERGE_D=KV_LORA_RANK)  # one step: each interpreted op costs the same
-    cols = 64 * 32 * cfg.num_warps // (chunk * cfg.block_m)
-    cols = 1 << max(cols, 1).bit_length() - 1  # a power of two, rounded down
-    return dict(MERGE_CHUNK=chunk, MERGE_D=min(max(cols, 16), KV_LORA_RANK))
 
 
 def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:

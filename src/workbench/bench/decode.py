@@ -594,7 +594,6 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
         FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
         IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=False, L2_AHEAD=mla.l2_ahead_for(cfg, pool.device),
-        **mla.fused_merge_tiles(cfg, num_splits),
         DOT_PRECISION=None, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
         D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
