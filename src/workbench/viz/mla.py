@@ -121,8 +121,10 @@ def decode_bandwidth_figure(data: dict[str, Any] | None = None, heads: int = 16,
     return fig
 
 
-def fixed_cost_fit(data: dict[str, Any] | None = None, batch: int = 128) -> dict[str, Any] | None:
-    """Where the time of a memory-bound call goes, from ``explore.fixed_cost`` of the committed JSON.
+def fixed_cost_fit(data: dict[str, Any] | None = None, batch: int = 128,
+                   table_key: str = "fixed_cost") -> dict[str, Any] | None:
+    """Where the time of a memory-bound call goes, from ``explore[table_key]`` of the committed JSON
+    (``fixed_cost``: the 16-row default of rounds 2-7; ``fixed_cost_idx_ahead``: the current large-batch one).
 
     At one batch size the full call and the split kernel alone were timed over a range of contexts; a
     least-squares line ``time = fixed + kv_bytes / rate`` through each gives the streaming rate (GB/s) and
@@ -131,7 +133,7 @@ def fixed_cost_fit(data: dict[str, Any] | None = None, batch: int = 128) -> dict
     ``None`` when the JSON has no such table.
     """
     data = data if data is not None else load_decode_results()
-    table = (data or {}).get("explore", {}).get("fixed_cost")
+    table = (data or {}).get("explore", {}).get(table_key)
     if not table:
         return None
     out: dict[str, Any] = {"batch": batch, "copy_gb_s": table["ceilings"]["copy"]["gb_s"]}
