@@ -372,6 +372,23 @@ def test_triton_gpu_matches_golden(qlen, heads, dtype):
     check_against_golden(case, res.out, res.lse, dtype, 0.07, f"qlen {qlen} H {heads} {dtype}")
 
 
+def assert_graph_replays_equal(call, eager_out):
+    """``call(out)`` captured in a CUDA graph (after one eager warm-up call, which compiles and allocates the
+    fused merge's counters): three replays, each into a NaN-filled ``out``, must give ``eager_out`` bit for bit
+    (the replays also reuse the counters the previous launch reset)."""
+    out = torch.empty_like(eager_out)
+    call(out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(out)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
 @pytest.mark.parametrize("fused_merge", [False, True])
@@ -384,17 +401,7 @@ def test_triton_gpu_ragged_and_cuda_graph(dtype, fused_merge):
     args = (case["q"], case["kv_cache"], md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_qo_len, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=8)
     check_against_golden(case, eager_out, eager_lse, dtype, 0.07, f"ragged {dtype} fused={fused_merge}")
-    out = torch.empty_like(eager_out)
-    mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out)  # warm-up (compiles, allocates counters)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out)
-    for _ in range(3):  # replays reuse the counters the previous launch reset
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+    assert_graph_replays_equal(lambda out: mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out), eager_out)
 
 
 @pytest.mark.gpu
@@ -411,16 +418,7 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=6)
     check_against_golden(case, eager_out, eager_lse, torch.bfloat16, 0.07, f"{cfg.label} qlen {qlen}")
-    out = torch.empty_like(eager_out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mla.mla_decode_triton(*args, config=cfg, num_splits=6, out=out)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+    assert_graph_replays_equal(lambda out: mla.mla_decode_triton(*args, config=cfg, num_splits=6, out=out), eager_out)
 
 
 @pytest.mark.gpu

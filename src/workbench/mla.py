@@ -341,6 +341,25 @@ def _load_q(q_row, row_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
 
 
 @triton.jit
+def _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
+    """The cache rows ``idx`` (BLOCK_N,) of a KV tile: latent (BLOCK_N, 512), which is K and V, and rope
+    (BLOCK_N, 64); 0 where not ``col_ok``."""
+    kv_row = KV + idx.to(tl.int64)[:, None] * stride_kv
+    k_lat = tl.load(kv_row + tl.arange(0, D_LATENT)[None, :], mask=col_ok[:, None], other=0.0)
+    k_rope = tl.load(kv_row + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=col_ok[:, None], other=0.0)
+    return k_lat, k_rope
+
+
+@triton.jit
+def _normalise(acc, m_i, l_i):
+    """End of the online softmax: the output rows ``acc / l`` and their natural-log LSE (-inf, output 0, for a
+    row that saw no key)."""
+    has_keys = l_i > 0.0
+    safe = tl.where(has_keys, l_i, 1.0)
+    return acc / safe[:, None], tl.where(has_keys, (m_i + tl.log2(safe)) * 0.6931471805599453, float("-inf"))
+
+
+@triton.jit
 def _prefetch_l2(ptrs):
     """Ask the L2 cache to fetch the line holding each address of ``ptrs`` (a hint: no register is written,
     nothing waits for it). NVIDIA PTX only."""
@@ -432,10 +451,8 @@ def _mla_decode_split_kernel(
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
-            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
-            kv_row = KV + idx[:, None] * stride_kv
-            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
-            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
+            k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
             s = tl.dot(k_lat, qt_lat, input_precision=DOT_PRECISION)
             s = tl.dot(k_rope, qt_rope, s, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
             s = s * qk_scale
@@ -457,17 +474,14 @@ def _mla_decode_split_kernel(
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         cols = k_lo + tl.arange(0, BLOCK_N)
         col_ok = cols < k_hi
-        idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
-        k_lat = tl.load(KV + idx[:, None] * stride_kv + d_lat[None, :], mask=col_ok[:, None], other=0.0)
-        k_rope = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
-        idx = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0).to(tl.int64)
+        idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
+        k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
+        idx = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
         for start in range(k_lo, k_hi, BLOCK_N):
             cols_n = cols + BLOCK_N
             ok_n = cols_n < k_hi
-            k_lat_n = tl.load(KV + idx[:, None] * stride_kv + d_lat[None, :], mask=ok_n[:, None], other=0.0)
-            k_rope_n = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=ok_n[:, None],
-                               other=0.0)
-            idx = tl.load(KV_INDICES + kv_start + cols_n + BLOCK_N, mask=cols_n + BLOCK_N < k_hi, other=0).to(tl.int64)
+            k_lat_n, k_rope_n = _gather_rows(KV, idx, stride_kv, ok_n, D_LATENT, D_ROPE)
+            idx = tl.load(KV_INDICES + kv_start + cols_n + BLOCK_N, mask=cols_n + BLOCK_N < k_hi, other=0)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
             k_lat = k_lat_n
@@ -492,7 +506,7 @@ def _mla_decode_split_kernel(
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
-            idx = idx_n.to(tl.int64)
+            idx = idx_n
             idx_n = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
             if L2_AHEAD > 0:
                 far_row = KV + idx_far.to(tl.int64) * stride_kv
@@ -500,9 +514,7 @@ def _mla_decode_split_kernel(
                 _prefetch_l2(far_row + 8 * 64)
                 far = cols + (L2_AHEAD + 1) * BLOCK_N
                 idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)
-            kv_row = KV + idx[:, None] * stride_kv
-            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
-            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+            k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
     else:
@@ -511,18 +523,14 @@ def _mla_decode_split_kernel(
         for start in tl.range(k_lo, k_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
-            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
-            kv_row = KV + idx[:, None] * stride_kv
-            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
-            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
+            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
+            k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
 
     if LAUNCH_DEPENDENTS:  # the merge still waits (griddepcontrol.wait) until this whole grid's stores are visible
         tl.extra.cuda.gdc_launch_dependents()
-    has_keys = l_i > 0.0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    out, lse = _normalise(acc, m_i, l_i)
     if DIRECT:
         tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
         tl.store(LSE + grow, lse, mask=row_ok)
@@ -540,7 +548,7 @@ def _mla_decode_split_kernel(
                 tl.store(counter, 0)  # every other split has counted: reset for the next launch
                 # One split at a time over all 512 columns. (Loading 8 splits at once in column chunks, round 14,
                 # made this merge 4-10x slower on the H200.)
-                final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d_lat, total_rows, num_splits, BLOCK_M,
+                final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d_lat, 0, total_rows, num_splits, BLOCK_M,
                                                D_LATENT, 1, D_LATENT, True)
                 tl.store(FINAL_O + grow[:, None] * D_LATENT + d_lat[None, :], final.to(FINAL_O.dtype.element_ty),
                          mask=row_ok[:, None])
@@ -548,18 +556,19 @@ def _mla_decode_split_kernel(
 
 
 @triton.jit
-def _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                SPLIT_CHUNK: tl.constexpr, D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Combine the splits of rows ``rows`` (where ``ok``), columns ``d``, by their LSE, loading the partials
-    of SPLIT_CHUNK splits at once ((SPLIT_CHUNK, rows, cols) in flight, not one split after another).
-    Returns (out fp32 (rows, cols), natural-log lse (rows,)). ``BYPASS_L1``: the partials were written by
-    other programs of the same launch, so read them from L2."""
+def _merge_tile(MID_O, MID_LSE, rows, ok, d, first_slot, slot_rows, num_splits, BLOCK_R: tl.constexpr,
+                BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr, D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
+    """Combine ``num_splits`` partials of rows ``rows`` (where ``ok``), columns ``d``, by their LSE. Split s
+    of row r sits at partial row ``(first_slot + s) * slot_rows + r``. Loads the partials of SPLIT_CHUNK
+    splits at once ((SPLIT_CHUNK, rows, cols) in flight, not one split after another). Returns (out fp32
+    (rows, cols), natural-log lse (rows,)). ``BYPASS_L1``: the partials were written by other programs of
+    the same launch, so read them from L2."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         sp = s0 + tl.arange(0, SPLIT_CHUNK)
-        prow = sp[:, None].to(tl.int64) * total_rows + rows[None, :]  # (SPLIT_CHUNK, rows)
+        prow = (first_slot + sp[:, None]).to(tl.int64) * slot_rows + rows[None, :]  # (SPLIT_CHUNK, rows)
         valid = (sp[:, None] < num_splits) & ok[None, :]
         if BYPASS_L1:
             lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"), cache_modifier=".cg")
@@ -602,7 +611,7 @@ def _mla_decode_merge_kernel(
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
+    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, 0, total_rows, num_splits, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
                            D_LATENT, False)
     tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
     if tl.program_id(1) == 0:
@@ -651,7 +660,6 @@ def _mla_decode_balanced_kernel(
         ends = tl.load(KV_INDPTR + o, mask=o <= num_reqs, other=2147483647).to(tl.int64)
         r += tl.sum((ends <= g0).to(tl.int32))
     d_lat = tl.arange(0, D_LATENT)
-    d_rope = tl.arange(0, D_ROPE)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     kv_start = tl.load(KV_INDPTR + r, mask=r < num_reqs, other=0).to(tl.int64)
     while (r < num_reqs) & (kv_start < g1):
@@ -674,16 +682,11 @@ def _mla_decode_balanced_kernel(
             for start in range(k_lo, k_hi, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 col_ok = cols < k_hi
-                idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
-                kv_row = KV + idx[:, None] * stride_kv
-                k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
-                k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+                idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
+                k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
                 acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i,
                                               acc, DOT_PRECISION)
-            has_keys = l_i > 0.0
-            o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-            lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453,
-                           float("-inf"))
+            o, lse = _normalise(acc, m_i, l_i)
             if (k_lo == 0) & (k_hi == s_k):  # the whole request: final output
                 tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], o.to(OUT.dtype.element_ty),
                          mask=row_ok[:, None])
@@ -720,30 +723,13 @@ def _mla_decode_balanced_merge_kernel(
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < n_rows
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     n = (p_last - p_first + 1).to(tl.int32)
-    for s0 in range(0, n, SPLIT_CHUNK):
-        sp = s0 + tl.arange(0, SPLIT_CHUNK)
-        slot = (p_first + r + sp[:, None]) * ROWS_PER_REQ + rows[None, :]  # (SPLIT_CHUNK, BLOCK_R)
-        valid = (sp[:, None] < n) & ok[None, :]
-        lse_s = tl.load(MID_LSE + slot, mask=valid, other=float("-inf"))
-        o_s = tl.load(MID_O + slot[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_s, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(m - m_safe)
-        w = tl.exp(lse_s - m_safe[None, :])
-        acc = acc * a[:, None] + tl.sum(w[:, :, None] * o_s, 0)
-        denom = denom * a + tl.sum(w, 0)
-        m = m_new
-    has = denom > 0.0
-    safe = tl.where(has, denom, 1.0)
+    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, p_first + r, ROWS_PER_REQ, n, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
+                           D_LATENT, False)
     grow = (q_start * NUM_HEADS + rows).to(tl.int64)
-    tl.store(OUT + grow[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
-             mask=ok[:, None])
+    tl.store(OUT + grow[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
     if tl.program_id(2) == 0:
-        tl.store(LSE + grow, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
+        tl.store(LSE + grow, lse, mask=ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1034,11 +1020,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         return out, lse
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
-    common = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-                  IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl, L2_AHEAD=l2_ahead_for(cfg, q.device),
-                  DOT_PRECISION=_dot_precision(q.dtype),
-                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
-                  **cfg.launch_options())
+    common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl)
     grid = (row_blocks, num_splits, num_reqs)
     if num_splits == 1:
         compiled = _mla_decode_split_kernel[grid](
@@ -1066,6 +1048,16 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                                          D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
                                          **(dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}))
     return out, lse
+
+
+def split_kernel_options(cfg: TritonConfig, heads: int, dtype: torch.dtype, dev: torch.device, *,
+                         launch_dependents: bool = False) -> dict[str, Any]:
+    """The compile-time arguments and launch options of ``_mla_decode_split_kernel`` for ``cfg`` (all but
+    DIRECT and FUSED_MERGE, which depend on the split count and merge design of the launch)."""
+    return dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
+                IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=launch_dependents, L2_AHEAD=l2_ahead_for(cfg, dev),
+                DOT_PRECISION=_dot_precision(dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, **cfg.launch_options())
 
 
 def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:

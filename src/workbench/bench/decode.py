@@ -591,12 +591,8 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
     scale = mla.default_sm_scale() * mla._LOG2E
     return timer(lambda: mla._mla_decode_split_kernel[grid](
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
-        x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, NUM_HEADS=heads, DIRECT=False,
-        FUSED_MERGE=False, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-        IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=False, L2_AHEAD=mla.l2_ahead_for(cfg, pool.device),
-        DOT_PRECISION=None, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, D_LATENT=mla.KV_LORA_RANK,
-        D_ROPE=mla.QK_ROPE_HEAD_DIM, **cfg.launch_options()))
+        x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, DIRECT=False, FUSED_MERGE=False,
+        **mla.split_kernel_options(cfg, heads, x["q"].dtype, pool.device)))
 
 
 def explain_fixed_cost(out: str, log=print) -> None:
