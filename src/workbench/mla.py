@@ -341,25 +341,6 @@ def _load_q(q_row, row_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
 
 
 @triton.jit
-def _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
-    """The cache rows ``idx`` (BLOCK_N,) of a KV tile: latent (BLOCK_N, 512), which is K and V, and rope
-    (BLOCK_N, 64); 0 where not ``col_ok``."""
-    kv_row = KV + idx.to(tl.int64)[:, None] * stride_kv
-    k_lat = tl.load(kv_row + tl.arange(0, D_LATENT)[None, :], mask=col_ok[:, None], other=0.0)
-    k_rope = tl.load(kv_row + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=col_ok[:, None], other=0.0)
-    return k_lat, k_rope
-
-
-@triton.jit
-def _normalise(acc, m_i, l_i):
-    """End of the online softmax: the output rows ``acc / l`` and their natural-log LSE (-inf, output 0, for a
-    row that saw no key)."""
-    has_keys = l_i > 0.0
-    safe = tl.where(has_keys, l_i, 1.0)
-    return acc / safe[:, None], tl.where(has_keys, (m_i + tl.log2(safe)) * 0.6931471805599453, float("-inf"))
-
-
-@triton.jit
 def _prefetch_l2(ptrs):
     """Ask the L2 cache to fetch the line holding each address of ``ptrs`` (a hint: no register is written,
     nothing waits for it). NVIDIA PTX only."""
@@ -451,8 +432,10 @@ def _mla_decode_split_kernel(
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
-            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
-            k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
+            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+            kv_row = KV + idx[:, None] * stride_kv
+            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
+            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
             s = tl.dot(k_lat, qt_lat, input_precision=DOT_PRECISION)
             s = tl.dot(k_rope, qt_rope, s, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
             s = s * qk_scale
@@ -474,14 +457,17 @@ def _mla_decode_split_kernel(
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         cols = k_lo + tl.arange(0, BLOCK_N)
         col_ok = cols < k_hi
-        idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
-        k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
-        idx = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
+        idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+        k_lat = tl.load(KV + idx[:, None] * stride_kv + d_lat[None, :], mask=col_ok[:, None], other=0.0)
+        k_rope = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+        idx = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0).to(tl.int64)
         for start in range(k_lo, k_hi, BLOCK_N):
             cols_n = cols + BLOCK_N
             ok_n = cols_n < k_hi
-            k_lat_n, k_rope_n = _gather_rows(KV, idx, stride_kv, ok_n, D_LATENT, D_ROPE)
-            idx = tl.load(KV_INDICES + kv_start + cols_n + BLOCK_N, mask=cols_n + BLOCK_N < k_hi, other=0)
+            k_lat_n = tl.load(KV + idx[:, None] * stride_kv + d_lat[None, :], mask=ok_n[:, None], other=0.0)
+            k_rope_n = tl.load(KV + idx[:, None] * stride_kv + D_LATENT + d_rope[None, :], mask=ok_n[:, None],
+                               other=0.0)
+            idx = tl.load(KV_INDICES + kv_start + cols_n + BLOCK_N, mask=cols_n + BLOCK_N < k_hi, other=0).to(tl.int64)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
             k_lat = k_lat_n
@@ -506,7 +492,7 @@ def _mla_decode_split_kernel(
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
-            idx = idx_n
+            idx = idx_n.to(tl.int64)
             idx_n = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
             if L2_AHEAD > 0:
                 far_row = KV + idx_far.to(tl.int64) * stride_kv
@@ -514,7 +500,9 @@ def _mla_decode_split_kernel(
                 _prefetch_l2(far_row + 8 * 64)
                 far = cols + (L2_AHEAD + 1) * BLOCK_N
                 idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)
-            k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
+            kv_row = KV + idx[:, None] * stride_kv
+            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
+            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
     else:
@@ -523,14 +511,18 @@ def _mla_decode_split_kernel(
         for start in tl.range(k_lo, k_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
-            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
-            k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
+            idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+            kv_row = KV + idx[:, None] * stride_kv
+            k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
+            k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
 
     if LAUNCH_DEPENDENTS:  # the merge still waits (griddepcontrol.wait) until this whole grid's stores are visible
         tl.extra.cuda.gdc_launch_dependents()
-    out, lse = _normalise(acc, m_i, l_i)
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     if DIRECT:
         tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
         tl.store(LSE + grow, lse, mask=row_ok)
@@ -548,7 +540,7 @@ def _mla_decode_split_kernel(
                 tl.store(counter, 0)  # every other split has counted: reset for the next launch
                 # One split at a time over all 512 columns. (Loading 8 splits at once in column chunks, round 14,
                 # made this merge 4-10x slower on the H200.)
-                final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d_lat, 0, total_rows, num_splits, BLOCK_M,
+                final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d_lat, total_rows, num_splits, BLOCK_M,
                                                D_LATENT, 1, D_LATENT, True)
                 tl.store(FINAL_O + grow[:, None] * D_LATENT + d_lat[None, :], final.to(FINAL_O.dtype.element_ty),
                          mask=row_ok[:, None])
@@ -556,19 +548,18 @@ def _mla_decode_split_kernel(
 
 
 @triton.jit
-def _merge_tile(MID_O, MID_LSE, rows, ok, d, first_slot, slot_rows, num_splits, BLOCK_R: tl.constexpr,
-                BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr, D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
-    """Combine ``num_splits`` partials of rows ``rows`` (where ``ok``), columns ``d``, by their LSE. Split s
-    of row r sits at partial row ``(first_slot + s) * slot_rows + r``. Loads the partials of SPLIT_CHUNK
-    splits at once ((SPLIT_CHUNK, rows, cols) in flight, not one split after another). Returns (out fp32
-    (rows, cols), natural-log lse (rows,)). ``BYPASS_L1``: the partials were written by other programs of
-    the same launch, so read them from L2."""
+def _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                SPLIT_CHUNK: tl.constexpr, D_LATENT: tl.constexpr, BYPASS_L1: tl.constexpr):
+    """Combine the splits of rows ``rows`` (where ``ok``), columns ``d``, by their LSE, loading the partials
+    of SPLIT_CHUNK splits at once ((SPLIT_CHUNK, rows, cols) in flight, not one split after another).
+    Returns (out fp32 (rows, cols), natural-log lse (rows,)). ``BYPASS_L1``: the partials were written by
+    other programs of the same launch, so read them from L2."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         sp = s0 + tl.arange(0, SPLIT_CHUNK)
-        prow = (first_slot + sp[:, None]).to(tl.int64) * slot_rows + rows[None, :]  # (SPLIT_CHUNK, rows)
+        prow = sp[:, None].to(tl.int64) * total_rows + rows[None, :]  # (SPLIT_CHUNK, rows)
         valid = (sp[:, None] < num_splits) & ok[None, :]
         if BYPASS_L1:
             lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"), cache_modifier=".cg")
@@ -611,7 +602,7 @@ def _mla_decode_merge_kernel(
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, 0, total_rows, num_splits, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
+    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
                            D_LATENT, False)
     tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
     if tl.program_id(1) == 0:
@@ -660,6 +651,7 @@ def _mla_decode_balanced_kernel(
         ends = tl.load(KV_INDPTR + o, mask=o <= num_reqs, other=2147483647).to(tl.int64)
         r += tl.sum((ends <= g0).to(tl.int32))
     d_lat = tl.arange(0, D_LATENT)
+    d_rope = tl.arange(0, D_ROPE)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     kv_start = tl.load(KV_INDPTR + r, mask=r < num_reqs, other=0).to(tl.int64)
     while (r < num_reqs) & (kv_start < g1):
@@ -682,11 +674,16 @@ def _mla_decode_balanced_kernel(
             for start in range(k_lo, k_hi, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 col_ok = cols < k_hi
-                idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0)
-                k_lat, k_rope = _gather_rows(KV, idx, stride_kv, col_ok, D_LATENT, D_ROPE)
+                idx = tl.load(KV_INDICES + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+                kv_row = KV + idx[:, None] * stride_kv
+                k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
+                k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
                 acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i,
                                               acc, DOT_PRECISION)
-            o, lse = _normalise(acc, m_i, l_i)
+            has_keys = l_i > 0.0
+            o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+            lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453,
+                           float("-inf"))
             if (k_lo == 0) & (k_hi == s_k):  # the whole request: final output
                 tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], o.to(OUT.dtype.element_ty),
                          mask=row_ok[:, None])
@@ -723,13 +720,30 @@ def _mla_decode_balanced_merge_kernel(
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < n_rows
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     n = (p_last - p_first + 1).to(tl.int32)
-    out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, p_first + r, ROWS_PER_REQ, n, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
-                           D_LATENT, False)
+    for s0 in range(0, n, SPLIT_CHUNK):
+        sp = s0 + tl.arange(0, SPLIT_CHUNK)
+        slot = (p_first + r + sp[:, None]) * ROWS_PER_REQ + rows[None, :]  # (SPLIT_CHUNK, BLOCK_R)
+        valid = (sp[:, None] < n) & ok[None, :]
+        lse_s = tl.load(MID_LSE + slot, mask=valid, other=float("-inf"))
+        o_s = tl.load(MID_O + slot[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_s, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m - m_safe)
+        w = tl.exp(lse_s - m_safe[None, :])
+        acc = acc * a[:, None] + tl.sum(w[:, :, None] * o_s, 0)
+        denom = denom * a + tl.sum(w, 0)
+        m = m_new
+    has = denom > 0.0
+    safe = tl.where(has, denom, 1.0)
     grow = (q_start * NUM_HEADS + rows).to(tl.int64)
-    tl.store(OUT + grow[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
+    tl.store(OUT + grow[:, None] * D_LATENT + d[None, :], (acc / safe[:, None]).to(OUT.dtype.element_ty),
+             mask=ok[:, None])
     if tl.program_id(2) == 0:
-        tl.store(LSE + grow, lse, mask=ok)
+        tl.store(LSE + grow, tl.where(has, m + tl.log(safe), float("-inf")), mask=ok)
 
 
 @dataclasses.dataclass(frozen=True)
