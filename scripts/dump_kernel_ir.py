@@ -18,6 +18,10 @@ CONFIGS = {
     "16x64 w4 s2 ia": mla.TritonConfig(16, 64, 4, 2, programs_per_sm=2, idx_ahead=True),
     "16x32 w4 s3 ia": mla.TritonConfig(16, 32, 4, 3, programs_per_sm=2, idx_ahead=True),
     "64x64 w8 s3": mla.TritonConfig(64, 64, 8, 3, programs_per_sm=1),
+    "16x64 w8 s3 ia": mla.TritonConfig(16, 64, 8, 3, programs_per_sm=1, idx_ahead=True),
+    "16x32 w8 s4 ia2": mla.TritonConfig(16, 32, 8, 4, programs_per_sm=1, idx_ahead=True, idx_dist=2),
+    "16x32 w8 s5 ia3": mla.TritonConfig(16, 32, 8, 5, programs_per_sm=1, idx_ahead=True, idx_dist=3),
+    "16x32 w8 s5 ia": mla.TritonConfig(16, 32, 8, 5, programs_per_sm=1, idx_ahead=True),
 }
 PATTERNS = {"cp.async": r"cp\.async\.c[ag]", "cp.async.wait": r"cp\.async\.wait", "ld.global": r"ld\.global",
             "ldmatrix": r"ldmatrix", "mma.sync": r"mma\.sync", "wgmma": r"wgmma\.mma_async",
@@ -45,6 +49,10 @@ def main(out_dir: str) -> None:
         rep.update({p: len(re.findall(rx, ptx)) for p, rx in PATTERNS.items()})
         rep["ttgir_async_copy"] = ttgir.count("async_copy_global_to_local")
         rep["ttgir_local_alloc"] = ttgir.count("local_alloc")
+        # the shared-memory buffers (a leading dimension > 1 is a multi-buffered pipeline) and the loop waits
+        rep["local_alloc_shapes"] = sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)",
+                                                          ttgir)))
+        rep["async_wait_num"] = sorted(set(int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)))
         report[label] = rep
         print(label, rep, flush=True)
     with open(os.path.join(out_dir, "ir_report.json"), "w") as f:

@@ -260,6 +260,12 @@ VARIANTS = {
     "warp_specialize": dict(warp_specialize=True, block_m=64, num_warps=8, num_stages=3),  # see TritonConfig
     "idx_ahead": dict(idx_ahead=True),
     "l2_ahead": dict(idx_ahead=True, l2_ahead=2),  # the prefetch is PTX: compiled NVIDIA only
+    "idx_dist2": dict(idx_ahead=True, idx_dist=2),
+    "idx_dist3": dict(idx_ahead=True, idx_dist=3, num_stages=4),
+    "idx_prefetch_l1": dict(idx_ahead=True, idx_prefetch=1),  # the prefetch is PTX: compiled NVIDIA only
+    "idx_prefetch_l2": dict(idx_ahead=True, idx_prefetch=2),
+    "pdl_split": dict(pdl_split=True, pdl=True),
+    "meta_before_wait": dict(pdl_split=True, pdl=True, meta_before_wait=True),  # PDL launches: compiled NVIDIA sm90+ only (else plain launches)
 }
 # (qo_lens, kv_lens, heads, splits or programs): ragged queries, a request with no query tokens, keys shorter
 # than one tile, splits/programs that leave some empty, more programs than tokens.
@@ -346,7 +352,7 @@ def test_kernel_variants_gpu(variant, qlen):
             dataclasses.replace(base, **VARIANTS[variant])
         return
     cfg = dataclasses.replace(base, **VARIANTS[variant])
-    if variant in ("swap_ab", "idx_ahead", "l2_ahead") and cfg.block_m > 32:
+    if cfg.block_m > 32 and (cfg.swap_ab or cfg.idx_ahead):
         cfg = dataclasses.replace(cfg, num_stages=2)  # 64 rows with 3 stages of these exceed shared memory
     out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                      case["kv_indices"], qlen, 0.07, config=cfg)
@@ -406,15 +412,17 @@ def test_triton_gpu_ragged_and_cuda_graph(dtype, fused_merge):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
-@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("pdl", [True, False, "split", "meta"])
 @pytest.mark.parametrize("batch_tokens", [None, 65536])  # the large- and the small-batch defaults
 @pytest.mark.parametrize("qlen", [1, 2, 3])
 def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
     """Both size classes of the default config (the tests' own batches are small, so the large-batch
-    config is forced here), with and without the PDL-launched merge, eagerly and under CUDA-graph replay."""
+    config is forced here), with and without the PDL-launched merge (and with both kernels PDL-launched),
+    eagerly and under CUDA-graph replay."""
     case = make_case([qlen] * 5, [max(n, qlen) for n in GPU_KV_LENS], 16, dtype=torch.bfloat16, device="cuda",
                      seed=qlen)
-    cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16, batch_tokens), pdl=pdl)
+    cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16, batch_tokens), pdl=bool(pdl),
+                              pdl_split=pdl in ("split", "meta"), meta_before_wait=pdl == "meta")
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=6)
     check_against_golden(case, eager_out, eager_lse, torch.bfloat16, 0.07, f"{cfg.label} qlen {qlen}")
@@ -439,7 +447,7 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert (small.block_n, small.num_warps, small.programs_per_sm) == (64, 8, 1)
     assert (large.block_n, large.num_warps, large.programs_per_sm) == (32, 4, 2)
     assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
-    assert all(c.idx_ahead and c.pdl for c in (small, large))
+    assert all(c.idx_ahead and c.pdl and c.pdl_split and not c.meta_before_wait for c in (small, large))
     assert mla.triton_config(32, torch.bfloat16).block_m == 32 and mla.triton_config(33, torch.bfloat16).block_m == 64
     for rows in (1, 16, 17, 64, 2048):  # fp32: 32-token tiles of <= 32 rows (shared memory)
         c = mla.triton_config(rows, torch.float32, 1000)
@@ -609,11 +617,11 @@ def test_explore_best_takes_the_minimum_over_splits_per_point():
 def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
     from workbench import cli
 
-    for extra in (["--explore", "3"], ["--layouts"], ["--quick"]):
+    for extra in (["--explore", "3"], ["--layouts"], ["--quick"], ["--trace"]):
         assert cli.main(["bench", "decode", "--out", "/dev/null", *extra]) == 2
         assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # argparse: rounds are 1-14
-        cli.main(["bench", "decode", "--explore", "15"])
+    with pytest.raises(SystemExit):  # argparse: rounds are 1-19
+        cli.main(["bench", "decode", "--explore", "20"])
 
 
 def test_cache_pool_runs_keep_blocks_contiguous():
@@ -680,3 +688,150 @@ def test_fixed_cost_fit_recovers_a_synthetic_line():
     assert vmla.fixed_cost_fit({}) is None
     assert len(vmla.decode_fixed_cost_figure(data).data) == 5
     assert "no data" in vmla.decode_fixed_cost_figure({}).layout.title.text
+
+
+# ----------------------------------------------------------------------------------------------
+# tracing a call: %globaltimer stamps per program
+# ----------------------------------------------------------------------------------------------
+
+
+def test_trace_and_pdl_split_refuse_what_they_cannot_do():
+    case = make_case([1], [40], 16, dtype=torch.float32, device="cuda" if ON_GPU else "cpu")
+    cfg = mla.triton_config(16, torch.float32)
+    bufs = mla.trace_buffers(case["q"], 1, 1, 2, cfg)
+    if not ON_GPU:  # CPU tensors: no %globaltimer
+        with pytest.raises(ValueError, match="trace needs compiled Triton on an NVIDIA GPU"):
+            mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                  case["kv_indices"], 1, 0.1, num_splits=2, config=cfg, trace=bufs)
+    with pytest.raises(ValueError, match="trace is not available for config 'bal "):
+        mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
+                              1, 0.1, num_splits=2, config=dataclasses.replace(cfg, balanced=True), trace=bufs)
+    with pytest.raises(ValueError, match="meta_before_wait .* needs pdl_split=True"):
+        dataclasses.replace(cfg, pdl_split=False, meta_before_wait=True)
+    assert dataclasses.replace(cfg, pdl_split=True, meta_before_wait=True).label.endswith(" pdls mbw")
+    assert bufs[0].shape == (2, mla.TRACE_SLOTS.value) and bufs[1].shape == (mla.merge_programs(16, cfg), 4)
+    assert mla.trace_buffers(case["q"], 1, 1, 1, cfg)[1].shape == (0, 4)  # one split: no merge kernel
+
+
+def _synthetic_call(t0, n_prog=4, tiles=3, tile_ns=1000, first_ns=3000, merge_ns=2000):
+    """Split programs entering 100 ns apart, waiting 200 ns, a first tile of first_ns, then tile_ns per
+    tile, exiting 500 ns after their last tile; two merge programs starting after the last split exit."""
+    split, last_exit = [], 0
+    for p in range(n_prog):
+        entry = t0 + 100 * p
+        wait = entry + 200
+        ts = [wait + first_ns + i * tile_ns for i in range(tiles)]
+        exit_ = ts[-1] + 500
+        last_exit = max(last_exit, exit_)
+        split.append([p, entry, wait, exit_] + ts + [0] * (mla.TRACE_TILES.value - tiles))
+    merge = [[0, last_exit - 300, last_exit + 400, last_exit + 400 + merge_ns],
+             [1, last_exit - 200, last_exit + 450, last_exit + 450 + merge_ns]]
+    return split, merge
+
+
+def test_summarize_trace_reads_synthetic_stamps():
+    from workbench.bench import decode as bench
+
+    calls = [_synthetic_call(t0) for t0 in (10_000, 30_000, 50_000)]
+    s = bench.summarize_trace(calls)
+    m = s["median"]
+    assert m["split_entry_spread"] == pytest.approx(0.3)
+    assert m["split_wait"] == pytest.approx(0.2)
+    assert m["first_tile"] == pytest.approx(3.0) and m["per_tile"] == pytest.approx(1.0)
+    # last program: entry 0.3 + wait 0.2 + first 3 + 2 tiles + 0.5 = 6.0 us after the first entry
+    assert m["split_exit_last"] == pytest.approx(6.0)
+    assert m["merge_wait_done"] == pytest.approx(6.4) and m["merge_exit_last"] == pytest.approx(8.45)
+    assert m["merge_after_split"] == pytest.approx(2.45)
+    assert m["period"] == pytest.approx(20.0)
+    assert m["gap_from_previous"] == pytest.approx(20.0 - 8.45)
+    assert s["per_call"][0].get("gap_from_previous") is None and s["per_call"][-1].get("period") is None
+    assert s["timer_step_ns"] == 50
+    with pytest.raises(ValueError, match="no split-program stamps"):
+        bench.summarize_trace([([[0] * mla.TRACE_SLOTS.value], [])])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or torch.version.hip is not None, reason="needs an NVIDIA GPU (%globaltimer)")
+@pytest.mark.parametrize("pdl_split", [False, True, "meta"])
+@pytest.mark.parametrize("qlen,heads", [(1, 16), (3, 16), (1, 128)])
+def test_trace_stamps_are_ordered_and_complete(qlen, heads, pdl_split):
+    """Traced calls give the golden; every split program stamps entry <= wait <= tiles <= exit with one stamp
+    per tile it owns; and a PDL-launched merge gets past its wait only after every split program has exited
+    (what griddepcontrol.wait promises), as does the next call's split kernel after the merge with pdl_split."""
+    kv = [max(n, qlen) for n in (1, 100, 1000, 4099)]
+    case = make_case([qlen] * len(kv), kv, heads, dtype=torch.bfloat16, device="cuda", seed=5)
+    cfg = dataclasses.replace(mla.triton_config(qlen * heads, torch.bfloat16), pdl_split=bool(pdl_split),
+                              meta_before_wait=pdl_split == "meta")
+    splits = 5
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
+    bufs = [mla.trace_buffers(case["q"], qlen, len(kv), splits, cfg) for _ in range(2)]
+    for b in bufs:
+        out, lse = mla.mla_decode_triton(*args, num_splits=splits, config=cfg, trace=b)
+    torch.cuda.synchronize()
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"traced {cfg.label}")
+    row_blocks = -(-qlen * heads // cfg.block_m)
+    for split, merge in ((b[0].cpu(), b[1].cpu()) for b in bufs):
+        for p, row in enumerate(split.tolist()):
+            pid_m, rest = p % row_blocks, p // row_blocks
+            s, req = rest % splits, rest // splits
+            chunk = -(-(-(-kv[req] // splits)) // cfg.block_n) * cfg.block_n
+            n_tiles = max(0, -(-(min(kv[req], (s + 1) * chunk) - s * chunk) // cfg.block_n))
+            ts = row[4:4 + n_tiles]
+            assert row[0] >= 0 and 0 < row[1] <= row[2], (p, row[:4])
+            assert all(t > 0 for t in ts) and all(t == 0 for t in row[4 + n_tiles:]), (p, n_tiles, row[4:12])
+            assert ts == sorted(ts) and all(row[2] <= t <= row[3] for t in ts), (p, row[:4], ts)
+        last_split_exit = int(split[:, 3].max())
+        if cfg.pdl and len(merge):
+            assert int(merge[:, 2].min()) >= last_split_exit
+            assert (merge[:, 1] <= merge[:, 2]).all() and (merge[:, 2] <= merge[:, 3]).all()
+    if pdl_split:
+        assert int(bufs[1][0][:, 2].min()) >= int(bufs[0][1][:, 3].max())
+
+
+def test_decode_trace_figure_from_committed_trace():
+    pytest.importorskip("plotly", reason="workbench.viz needs plotly (the GPU image has none)")
+    from workbench.viz import mla as vmla
+
+    data = vmla.load_decode_results()
+    rows = data["explore"]["trace"]["rows"]
+    with_tl = [r for r in rows if r.get("timeline")]
+    assert with_tl and all((r["heads"], r["batch"], r["context"]) == (16, 16, 4096) for r in with_tl)
+    for r in with_tl:
+        seg = vmla.trace_segments(r)
+        programs = r["num_splits"] * 16  # one row block per request at 16 heads, 16 requests
+        assert len(seg["split"]) == programs and len(seg["merge"]) == mla.merge_programs(256, mla.TritonConfig(
+            **r["config"]))
+        assert all(length >= 0 for p in seg["split"] for _, length in p)
+        # every merge program gets past its PDL wait only after the last split program has exited
+        last_split_exit = max(p[3][0] + p[3][1] for p in seg["split"])
+        assert min(m[2] for m in seg["merge"]) >= last_split_exit
+    fig = vmla.decode_trace_figure(data)
+    assert [t.name for t in fig.data] == [n for n, _ in vmla.TRACE_PHASES] + ["merge program"]
+    assert len(fig.data[0].y) == with_tl[0]["num_splits"] * 16
+    assert "no trace yet" in vmla.decode_trace_figure({}).layout.title.text
+    with pytest.raises(ValueError, match="no traced config 'nope'"):
+        vmla.decode_trace_figure(data, label="nope")
+    with pytest.raises(ValueError, match="has no per-program timeline"):
+        vmla.trace_segments(next(r for r in rows if not r.get("timeline")))
+
+
+def test_merge_tile_follows_the_row_count_unless_set():
+    cfg = mla.TritonConfig(16, 64, 8, 3)
+    assert [cfg.merge_tile(n) for n in (16, 64, 65, 256, 257, 4096)] == \
+        [(8, 16), (8, 16), (16, 16), (16, 16), (16, 32), (16, 32)]
+    assert dataclasses.replace(cfg, merge_block_r=32).merge_tile(16) == (32, 16)
+    assert dataclasses.replace(cfg, merge_block_d=64).merge_tile(4096) == (16, 64)
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only (the GPU grid covers the automatic tiles)")
+def test_automatic_small_merge_tiles_match_golden_interpreter():
+    """6 rows (2 requests x 3 heads) take the 8-row x 16-column merge tile: 32 column programs, a partial row
+    block, 5 splits."""
+    case = make_case([1, 1], [37, 70], 3, dtype=torch.float32, seed=3)
+    cfg = dataclasses.replace(mla.triton_config(3, torch.float32), merge_block_r=None, merge_block_d=None)
+    assert cfg.merge_tile(6) == (8, 16)
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], 1, 0.1, num_splits=5, config=cfg)
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)

@@ -349,6 +349,28 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
+def _prefetch_l1(ptrs):
+    """Ask for the line holding each address of ``ptrs`` to be fetched into this SM's L1 (a hint, as
+    :func:`_prefetch_l2`). NVIDIA PTX only."""
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_indices(KV_INDICES, lo, hi, LEVEL: tl.constexpr):
+    """Prefetch the lines of ``KV_INDICES[lo:hi]`` (128 bytes = 32 indices each) into L1 (LEVEL 1) or L2
+    (LEVEL 2), so that each tile's index load in the loop hits a cache instead of DRAM: that load is on the
+    loop's critical path (the next tile's gather waits for it)."""
+    for p0 in range(lo, hi, 32 * 256):
+        line = p0 + tl.arange(0, 256) * 32
+        addr = KV_INDICES + tl.minimum(line, hi - 1)  # never past the range (repeats the last line instead)
+        if LEVEL == 1:
+            _prefetch_l1(addr)
+        else:
+            _prefetch_l2(addr)
+
+
+@triton.jit
 def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                   DOT_PRECISION: tl.constexpr):
     """One KV tile of the online softmax: scores over 576 dims (latent + rope), the bottom-right causal mask
@@ -365,6 +387,21 @@ def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(k_lat.dtype), k_lat, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+TRACE_TILES = tl.constexpr(60)  # tiles whose end time a traced program records (later tiles are not recorded)
+TRACE_SLOTS = tl.constexpr(4 + 60)  # per program: SM id, entry, after the PDL wait, exit, then one per tile
+MERGE_TRACE_SLOTS = tl.constexpr(4)  # per merge program: SM id, entry, after the PDL wait, exit
+
+
+@triton.jit
+def _trace_tile(trace, i, l_i):
+    """Record the time after tile ``i`` (if ``i < TRACE_TILES``). The timer is read only once ``l_i``, a
+    result of that tile's softmax, is known (an asm that consumes it), so it is not hoisted above the tile."""
+    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tl.max(l_i, 0).to(tl.int32, bitcast=True)],
+                                  dtype=tl.int64, is_pure=False, pack=1)
+    if i < TRACE_TILES:
+        tl.store(trace + 4 + i, t)
 
 
 @triton.jit
@@ -390,6 +427,8 @@ def _mla_decode_split_kernel(
     PREFETCH: tl.constexpr,  # register double-buffering: the next tile's rows and the one after's indices in flight
     WARP_SPECIALIZE: tl.constexpr,  # Triton's automatic warp specialisation of the default loop
     IDX_AHEAD: tl.constexpr,  # the next tile's indices loaded one tile early (rows left to the pipeliner)
+    IDX_DIST: tl.constexpr,  # IDX_AHEAD: indices loaded this many tiles early (1-3)
+    IDX_PREFETCH: tl.constexpr,  # IDX_AHEAD: prefetch this split's indices into L1 (1) or L2 (2) first; 0 off
     LAUNCH_DEPENDENTS: tl.constexpr,  # PDL: let the merge kernel be scheduled once this program's loop is done
     L2_AHEAD: tl.constexpr,  # IDX_AHEAD only: prefetch the rows of the tile this many tiles ahead into L2 (0: off)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no silent TF32); None (the default) for 16-bit
@@ -397,22 +436,41 @@ def _mla_decode_split_kernel(
     BLOCK_N: tl.constexpr,  # tokens per KV tile
     D_LATENT: tl.constexpr,  # 512
     D_ROPE: tl.constexpr,  # 64
+    GDC_WAIT: tl.constexpr = False,  # launched with PDL: wait for the previous kernel before the first read
+    META_BEFORE_WAIT: tl.constexpr = False,  # GDC_WAIT: read the indptrs and the first indices before the wait
+    TRACE_BUF=None,  # TRACE: (programs, TRACE_SLOTS) int64 timestamps (see trace_layout())
+    TRACE: tl.constexpr = False,  # record %globaltimer at entry, after each tile and at exit (compiled NVIDIA)
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     req = tl.program_id(2)
+    if TRACE:
+        trace = TRACE_BUF + (pid_m + tl.num_programs(0) * (pid_s + tl.num_programs(1) * req)) * TRACE_SLOTS
+        tl.store(trace + 1, tl.extra.cuda.globaltimer())
+    if GDC_WAIT and not META_BEFORE_WAIT:  # nothing is read before this: every input may come from the kernel before
+        tl.extra.cuda.gdc_wait()
+    if TRACE:
+        tl.store(trace, tl.extra.cuda.smid().to(tl.int64))
+        if not META_BEFORE_WAIT:
+            tl.store(trace + 2, tl.extra.cuda.globaltimer())
     q_start = tl.load(QO_INDPTR + req)
     s_q = tl.load(QO_INDPTR + req + 1) - q_start
     kv_start = tl.load(KV_INDPTR + req)
     s_k = tl.load(KV_INDPTR + req + 1) - kv_start
     n_rows = s_q * NUM_HEADS
     if pid_m * BLOCK_M >= n_rows:  # this request has fewer query rows than the longest one
+        if TRACE:
+            tl.store(trace + 3, tl.extra.cuda.globaltimer())
         return
     # This split's token range: equal chunks, whole tiles; late splits of short requests are empty.
     chunk = tl.cdiv(tl.cdiv(s_k, num_splits), BLOCK_N) * BLOCK_N
     k_lo = pid_s * chunk
     k_hi = tl.minimum(k_lo + chunk, s_k)
 
+    if GDC_WAIT and META_BEFORE_WAIT and not IDX_AHEAD:  # (the IDX_AHEAD loop waits after its first indices)
+        tl.extra.cuda.gdc_wait()
+        if TRACE:
+            tl.store(trace + 2, tl.extra.cuda.globaltimer())
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     limit = s_k - s_q + rows // NUM_HEADS  # last key each row may see (bottom-right causal)
@@ -481,8 +539,21 @@ def _mla_decode_split_kernel(
         # The first indices are requested before the query rows: the query tile goes to shared memory as
         # soon as it arrives, and Triton emits that wait where the load is written, so q first would put the
         # index load's latency after the query's instead of beside it (measured: within noise, round 13).
+        if IDX_PREFETCH > 0:
+            if k_hi > k_lo:
+                _prefetch_indices(KV_INDICES, kv_start + k_lo, kv_start + k_hi, IDX_PREFETCH)
         cols_n = k_lo + tl.arange(0, BLOCK_N)
         idx_n = tl.load(KV_INDICES + kv_start + cols_n, mask=cols_n < k_hi, other=0)
+        if IDX_DIST >= 2:  # the indices of tiles 1 (and 2) too: the loop then loads those of tile i + IDX_DIST
+            c2 = cols_n + BLOCK_N
+            idx_n2 = tl.load(KV_INDICES + kv_start + c2, mask=c2 < k_hi, other=0)
+        if IDX_DIST >= 3:
+            c3 = cols_n + 2 * BLOCK_N
+            idx_n3 = tl.load(KV_INDICES + kv_start + c3, mask=c3 < k_hi, other=0)
+        if GDC_WAIT and META_BEFORE_WAIT:  # the metadata and first indices are loaded: now wait for q and the cache
+            tl.extra.cuda.gdc_wait()
+            if TRACE:
+                tl.store(trace + 2, tl.extra.cuda.globaltimer())
         if L2_AHEAD > 0:  # rows of tile i + L2_AHEAD prefetched into L2 (their indices loaded a tile earlier)
             far = cols_n + L2_AHEAD * BLOCK_N
             idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)  # row 0 where out of range
@@ -493,7 +564,18 @@ def _mla_decode_split_kernel(
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
             idx = idx_n.to(tl.int64)
-            idx_n = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
+            if IDX_DIST == 1:
+                idx_n = tl.load(KV_INDICES + kv_start + cols + BLOCK_N, mask=cols + BLOCK_N < k_hi, other=0)
+            else:  # the indices of tile i + IDX_DIST, and the ones loaded before move one place down
+                far_c = cols + IDX_DIST * BLOCK_N
+                far_i = tl.load(KV_INDICES + kv_start + far_c, mask=far_c < k_hi, other=0)
+                if IDX_DIST == 2:
+                    idx_n = idx_n2
+                    idx_n2 = far_i
+                else:
+                    idx_n = idx_n2
+                    idx_n2 = idx_n3
+                    idx_n3 = far_i
             if L2_AHEAD > 0:
                 far_row = KV + idx_far.to(tl.int64) * stride_kv
                 _prefetch_l2(far_row[:, None] + line[None, :])
@@ -505,6 +587,8 @@ def _mla_decode_split_kernel(
             k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
+            if TRACE:
+                _trace_tile(trace, (start - k_lo) // BLOCK_N, l_i)
     else:
         q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
@@ -517,6 +601,8 @@ def _mla_decode_split_kernel(
             k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 64)
             acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
                                           DOT_PRECISION)
+            if TRACE:
+                _trace_tile(trace, (start - k_lo) // BLOCK_N, l_i)
 
     if LAUNCH_DEPENDENTS:  # the merge still waits (griddepcontrol.wait) until this whole grid's stores are visible
         tl.extra.cuda.gdc_launch_dependents()
@@ -526,10 +612,14 @@ def _mla_decode_split_kernel(
     if DIRECT:
         tl.store(OUT + grow[:, None] * D_LATENT + d_lat[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
         tl.store(LSE + grow, lse, mask=row_ok)
+        if TRACE:
+            tl.store(trace + 3, tl.extra.cuda.globaltimer())
     else:
         prow = pid_s.to(tl.int64) * total_rows + grow
         tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out, mask=row_ok[:, None])
         tl.store(LSE + prow, lse, mask=row_ok)
+        if TRACE:
+            tl.store(trace + 3, tl.extra.cuda.globaltimer())
         if FUSED_MERGE:
             # The last split to finish for these rows merges them (no second launch). Barrier: every
             # thread's partial stores precede the release; the acquire orders the reads after it.
@@ -593,12 +683,23 @@ def _mla_decode_merge_kernel(
     SPLIT_CHUNK: tl.constexpr,  # splits loaded at once: (SPLIT_CHUNK, BLOCK_R, BLOCK_D) partials in flight
     D_LATENT: tl.constexpr,
     GDC_WAIT: tl.constexpr = False,  # launched with PDL: wait for the split kernel's grid before reading partials
+    LAUNCH_DEPENDENTS: tl.constexpr = False,  # PDL: let the next kernel (the next call's split) be scheduled now
+    TRACE_BUF=None,  # TRACE: (programs, MERGE_TRACE_SLOTS) int64
+    TRACE: tl.constexpr = False,
 ):
     """Merge the splits of BLOCK_R rows x BLOCK_D columns. Many small programs, each loading the partials of
     up to SPLIT_CHUNK splits in one go (not one split after another), so the merge is short even when one
     request has many splits: it reads from L2 at the parallelism of the whole GPU."""
+    if TRACE:
+        trace = TRACE_BUF + (tl.program_id(0) + tl.num_programs(0) * tl.program_id(1)) * MERGE_TRACE_SLOTS
+        tl.store(trace + 1, tl.extra.cuda.globaltimer())
     if GDC_WAIT:
         tl.extra.cuda.gdc_wait()
+    if LAUNCH_DEPENDENTS:  # a dependent waits (griddepcontrol.wait) for this whole grid before it reads anything
+        tl.extra.cuda.gdc_launch_dependents()
+    if TRACE:
+        tl.store(trace, tl.extra.cuda.smid().to(tl.int64))
+        tl.store(trace + 2, tl.extra.cuda.globaltimer())
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = rows < total_rows
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -607,6 +708,8 @@ def _mla_decode_merge_kernel(
     tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
     if tl.program_id(1) == 0:
         tl.store(LSE + rows, lse, mask=ok)
+    if TRACE:
+        tl.store(trace + 3, tl.extra.cuda.globaltimer())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -759,8 +862,8 @@ class TritonConfig:
     merge_tokens_per_split: int = 4  # the merge's cost per split (fused: one program reads every partial)
     programs_per_sm: int | None = None  # resident programs per SM; None: estimated from shared memory/registers
     max_splits: int = 128
-    merge_block_r: int = 16  # second-kernel merge: rows per program
-    merge_block_d: int = 32  # second-kernel merge: output columns per program (divides 512)
+    merge_block_r: int | None = None  # second-kernel merge: rows per program (None: merge_tile() picks)
+    merge_block_d: int | None = None  # second-kernel merge: output columns per program, divides 512 (None: picks)
     merge_split_chunk: int = 16  # second-kernel merge: splits loaded at once (a power of two)
     fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
     swap_ab: bool = False  # transposed products (keys as the MMA's M dimension): for tiles of few rows
@@ -770,7 +873,16 @@ class TritonConfig:
     max_regs: int | None = None  # cap on registers per thread (more resident warps, maybe spills); NVIDIA only
     warp_specialize: bool = False  # Triton's automatic warp specialisation of the default loop
     idx_ahead: bool = False  # the next tile's indices loaded one tile early, rows left to Triton's pipeliner
+    idx_dist: int = 1  # idx_ahead: how many tiles early the indices are loaded (1-3; more lets a deeper pipeline
+    #                    issue the row gather further ahead)
+    idx_prefetch: int = 0  # idx_ahead: prefetch the split's indices into L1 (1) or L2 (2) before the loop
+    #                        (compiled NVIDIA only; 0: off)
     pdl: bool = False  # launch the second-kernel merge with programmatic dependent launch (NVIDIA sm90+ only)
+    pdl_split: bool = False  # also launch the split kernel with PDL (it waits before its first read), and let
+    #                          the merge release the next kernel early: launches overlap the kernel before them
+    #                          (the balanced kernels have no PDL launches: there it changes nothing)
+    meta_before_wait: bool = False  # pdl_split: read qo_indptr, kv_indptr and the first tile's kv_indices before
+    #                                 the PDL wait (they must not be written by the kernel just before this call)
     l2_ahead: int = 0  # idx_ahead only: L2 prefetch of the rows this many tiles ahead (compiled NVIDIA only)
 
     def __post_init__(self) -> None:
@@ -778,6 +890,14 @@ class TritonConfig:
             raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
                              f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
                              "those on an H200 (the 16-row mma.sync tiles and 64-row tiles on 4 warps failed)")
+        if self.idx_dist not in (1, 2, 3) or (self.idx_dist > 1 and not self.idx_ahead):
+            raise ValueError(f"idx_dist is {self.idx_dist}; it must be 1, 2 or 3, and above 1 only with "
+                             "idx_ahead=True")
+        if self.idx_prefetch not in (0, 1, 2) or (self.idx_prefetch and not self.idx_ahead):
+            raise ValueError(f"idx_prefetch is {self.idx_prefetch}; it must be 0 (off), 1 (L1) or 2 (L2), and "
+                             "non-zero only with idx_ahead=True")
+        if self.meta_before_wait and not self.pdl_split:
+            raise ValueError("meta_before_wait moves reads before the PDL wait of pdl_split; it needs pdl_split=True")
         if self.l2_ahead < 0 or (self.l2_ahead and not self.idx_ahead):
             raise ValueError(f"l2_ahead is {self.l2_ahead}; it must be >= 0, and > 0 only with idx_ahead=True "
                              "(the prefetch reads indices loaded ahead by that loop)")
@@ -788,6 +908,19 @@ class TritonConfig:
                     f"max_regs is {self.max_regs}; it must be in 32..255 and leave room for the fp32 accumulator: "
                     f"block_m * 512 / (32 * num_warps) + 32 = {need} registers per thread for a {self.block_m}-row "
                     f"tile on {self.num_warps} warps")
+
+    def merge_tile(self, total_rows: int) -> tuple[int, int]:
+        """(rows, columns) per program of the second-kernel merge of ``total_rows`` folded rows: the
+        configured ones, else smaller tiles for fewer rows so that the merge still has enough programs (round
+        19: at B=1 L=32k, 16 rows and 87 splits, 8x16 tiles took 26.7 us per call against 34.8 with 16x32;
+        at B=16 L=4k, 256 rows, 16x16 took 30.1 against 30.5; at B=64 L=4k 16x32 stayed best)."""
+        if total_rows <= 64:
+            auto = (8, 16)
+        elif total_rows <= 256:
+            auto = (16, 16)
+        else:
+            auto = (16, 32)
+        return (self.merge_block_r or auto[0], self.merge_block_d or auto[1])
 
     def launch_options(self) -> dict[str, Any]:
         """Triton launch keywords of the split kernel."""
@@ -800,14 +933,17 @@ class TritonConfig:
     def key(self) -> tuple:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
-                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead)
+                self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
+                self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait)
 
     @property
     def label(self) -> str:
         return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
-                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "")
-                + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else ""))
+                + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "") + (str(self.idx_dist) if self.idx_dist > 1 else "")
+                + (f" ip{self.idx_prefetch}" if self.idx_prefetch else "")
+                + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else "")
+                + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -893,27 +1029,33 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     fp32 inputs (for exactness checks) get 32-token tiles of at most 32 rows, which fit in shared memory.
 
     The second-kernel merge is launched with programmatic dependent launch on sm90+ (``pdl``), which
-    overlaps its launch with the split kernel's tail. The other switches of :class:`TritonConfig`
+    overlaps its launch with the split kernel's tail; so is the split kernel (``pdl_split``): it waits
+    (griddepcontrol.wait) before its first read, so only its launch overlaps the kernel before it, and the
+    merge releases the next kernel early (round 15: -1 us at B=16 L=4k, neutral elsewhere). Not on by
+    default: ``meta_before_wait`` (round 18: a further -0.9 us there), which reads the indptrs and the first
+    indices before that wait and so needs them written before the kernel that precedes the call. The other switches of :class:`TritonConfig`
     (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the designs of rounds
     3-7 of those sweeps: each is exact, none was faster on the H200 (chapter 3).
     """
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
-                            merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_d=KV_LORA_RANK)
+                            merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_r=16,
+                            merge_block_d=KV_LORA_RANK)
     if dtype.itemsize > 2:
         # fp32 (exactness checks, not speed): rows twice as wide in shared memory, so tiles that fit
         # 227 KB with the query tile and two KV buffers: 16 rows 184 KB, 32 rows 221 KB.
         return TritonConfig(block_m=16 if rows_per_req <= 16 else 32, block_n=32, num_warps=4, num_stages=3,
-                            programs_per_sm=1, idx_ahead=True, pdl=True)
+                            programs_per_sm=1, idx_ahead=True, pdl=True, pdl_split=True)
     small = total_tokens is not None and total_tokens <= SMALL_BATCH_TOKENS
     if rows_per_req <= 32:
         block_m = 16 if rows_per_req <= 16 else 32
         if small:
             return TritonConfig(block_m=block_m, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1,
-                                idx_ahead=True, pdl=True)
+                                idx_ahead=True, pdl=True, pdl_split=True)
         return TritonConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=3, programs_per_sm=2,
-                            idx_ahead=True, pdl=True)
-    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True)
+                            idx_ahead=True, pdl=True, pdl_split=True)
+    return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
+                        pdl_split=True)
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -995,22 +1137,28 @@ def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_q
         **cfg.launch_options())
     _note_compiled(cfg, compiled)
     chunk = cfg.merge_split_chunk
-    _mla_decode_balanced_merge_kernel[(num_reqs, triton.cdiv(rows_per_req, cfg.merge_block_r),
-                                       KV_LORA_RANK // cfg.merge_block_d)](
+    br, bd = cfg.merge_tile(rows_per_req * num_reqs)
+    _mla_decode_balanced_merge_kernel[(num_reqs, triton.cdiv(rows_per_req, br), KV_LORA_RANK // bd)](
         mid_o, mid_lse, out, lse, qo_indptr, kv_indptr, num_reqs, programs, NUM_HEADS=heads,
-        ROWS_PER_REQ=rows_per_req, BLOCK_R=cfg.merge_block_r, BLOCK_D=cfg.merge_block_d, SPLIT_CHUNK=chunk,
+        ROWS_PER_REQ=rows_per_req, BLOCK_R=br, BLOCK_D=bd, SPLIT_CHUNK=chunk,
         D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1)
 
 
 def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                       kv_indices: torch.Tensor, max_qo_len: int, sm_scale: float | None = None, *,
                       num_splits: int | None = None, config: TritonConfig | None = None,
-                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      out: torch.Tensor | None = None,
+                      trace: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton MLA decode over flat token indices (no host sync: CUDA-graph capturable).
 
     Inputs as :func:`mla_decode_ref` (``q`` ``(total_q, H, 576)`` fp16/bf16/fp32, same dtype as the
     cache); ``max_qo_len`` is the longest query (host int, <= 16); requests may differ in query length.
     Only cheap checks run here (shapes, dtypes, devices); :func:`mla_decode` validates values.
+
+    ``trace``: buffers from :func:`trace_buffers` (compiled NVIDIA only), into which every program writes
+    %globaltimer stamps (entry, after the PDL wait, after each tile of the default and ``idx_ahead`` loops,
+    exit): where the time of a call goes (``workbench.bench.decode.trace_point``). The stamps cost a few
+    stores per tile; the results are unchanged.
 
     Returns:
         ``out`` ``(total_q, H, 512)`` in ``q.dtype`` and ``lse`` ``(total_q, H) float32``.
@@ -1029,13 +1177,21 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     if num_splits is None:
         num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), _sm_count(q.device))
     scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+    if trace is not None and (cfg.balanced or cfg.warp_specialize):
+        raise ValueError(f"trace is not available for config {cfg.label!r}: the balanced kernels and Triton's "
+                         "warp-specialised loop are not instrumented")
     if cfg.balanced:  # num_splits is the number of programs per row block
         _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits)
         return out, lse
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
-    common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl)
+    pdl_split = cfg.pdl_split and pdl_available(q.device)
+    common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl, pdl_split=pdl_split)
     grid = (row_blocks, num_splits, num_reqs)
+    if trace is not None:
+        _check_trace(trace, q.device, row_blocks * num_splits * num_reqs,
+                     0 if num_splits == 1 or cfg.fused_merge else merge_programs(total_rows, cfg))
+        common.update(TRACE_BUF=trace[0], TRACE=True)
     if num_splits == 1:
         compiled = _mla_decode_split_kernel[grid](
             q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr, cache.stride(0), total_rows,
@@ -1055,23 +1211,69 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr, cache.stride(0), total_rows,
         scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=False, **common)
     _note_compiled(cfg, compiled)
-    merge_grid = (triton.cdiv(total_rows, cfg.merge_block_r), KV_LORA_RANK // cfg.merge_block_d)
+    br, bd = cfg.merge_tile(total_rows)
+    merge_grid = (triton.cdiv(total_rows, br), KV_LORA_RANK // bd)
+    merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}
+    if pdl_split:
+        merge_opts["LAUNCH_DEPENDENTS"] = True
+    if trace is not None:
+        merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
     _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
-                                         BLOCK_R=cfg.merge_block_r, BLOCK_D=cfg.merge_block_d,
+                                         BLOCK_R=br, BLOCK_D=bd,
                                          SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk),
                                          D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
-                                         **(dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}))
+                                         **merge_opts)
     return out, lse
 
 
+def merge_programs(total_rows: int, cfg: TritonConfig) -> int:
+    """Programs of the second-kernel merge for ``total_rows`` folded rows."""
+    br, bd = cfg.merge_tile(total_rows)
+    return triton.cdiv(total_rows, br) * (KV_LORA_RANK // bd)
+
+
+def trace_buffers(q: torch.Tensor, max_qo_len: int, num_reqs: int, num_splits: int,
+                  cfg: TritonConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed int64 timestamp buffers for ``mla_decode_triton(..., trace=)``: ``(split programs,
+    TRACE_SLOTS)`` and ``(merge programs, MERGE_TRACE_SLOTS)`` (0 rows when the call has no second-kernel
+    merge). Split program ``pid_m + row_blocks * (split + num_splits * request)`` writes row of that number:
+    its SM, its entry time, the time after its PDL wait, its exit time, then the time after each of its first
+    TRACE_TILES tiles (0: not reached). Times are the GPU's %globaltimer in ns."""
+    rows = max_qo_len * q.shape[1]
+    row_blocks = triton.cdiv(rows, cfg.block_m)
+    n_merge = 0 if num_splits == 1 or cfg.fused_merge else merge_programs(q.shape[0] * q.shape[1], cfg)
+    return (torch.zeros(row_blocks * num_splits * num_reqs, TRACE_SLOTS.value, dtype=torch.int64, device=q.device),
+            torch.zeros(n_merge, MERGE_TRACE_SLOTS.value, dtype=torch.int64, device=q.device))
+
+
+def _check_trace(trace: Any, dev: torch.device, n_split: int, n_merge: int) -> None:
+    if dev.type != "cuda" or torch.version.hip is not None or device.interpreter_active():
+        raise ValueError("trace needs compiled Triton on an NVIDIA GPU (it reads the PTX register %globaltimer); "
+                         f"this call runs on {dev} with the interpreter "
+                         f"{'on' if device.interpreter_active() else 'off'}")
+    if not (isinstance(trace, tuple) and len(trace) == 2):
+        raise TypeError("trace must be the (split, merge) pair of int64 tensors from trace_buffers()")
+    for t, n, slots, name in ((trace[0], n_split, TRACE_SLOTS.value, "split"),
+                              (trace[1], n_merge, MERGE_TRACE_SLOTS.value, "merge")):
+        if t.dtype != torch.int64 or t.device != dev or tuple(t.shape) != (n, slots) or not t.is_contiguous():
+            raise ValueError(f"trace {name} buffer must be a contiguous int64 ({n}, {slots}) tensor on {dev} "
+                             f"(from trace_buffers() with this call's splits), got {tuple(t.shape)} {t.dtype} "
+                             f"on {t.device}")
+
+
 def split_kernel_options(cfg: TritonConfig, heads: int, dtype: torch.dtype, dev: torch.device, *,
-                         launch_dependents: bool = False) -> dict[str, Any]:
+                         launch_dependents: bool = False, pdl_split: bool = False) -> dict[str, Any]:
     """The compile-time arguments and launch options of ``_mla_decode_split_kernel`` for ``cfg`` (all but
-    DIRECT and FUSED_MERGE, which depend on the split count and merge design of the launch)."""
-    return dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
-                IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=launch_dependents, L2_AHEAD=l2_ahead_for(cfg, dev),
+    DIRECT and FUSED_MERGE, which depend on the split count and merge design of the launch). ``pdl_split``:
+    launched with PDL, waiting for the previous kernel before its first read."""
+    opts = dict(NUM_HEADS=heads, SWAP_AB=cfg.swap_ab, PREFETCH=cfg.prefetch, WARP_SPECIALIZE=cfg.warp_specialize,
+                IDX_AHEAD=cfg.idx_ahead, IDX_DIST=cfg.idx_dist, IDX_PREFETCH=idx_prefetch_for(cfg, dev),
+                LAUNCH_DEPENDENTS=launch_dependents, L2_AHEAD=l2_ahead_for(cfg, dev),
                 DOT_PRECISION=_dot_precision(dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, **cfg.launch_options())
+    if pdl_split:
+        opts.update(GDC_WAIT=True, launch_pdl=True, META_BEFORE_WAIT=cfg.meta_before_wait)
+    return opts
 
 
 def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:
@@ -1079,6 +1281,12 @@ def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:
     (the prefetch is PTX), else 0."""
     nvidia = dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
     return cfg.l2_ahead if cfg.idx_ahead and nvidia else 0
+
+
+def idx_prefetch_for(cfg: TritonConfig, dev: torch.device) -> int:
+    """The index prefetch level the kernel gets: ``cfg.idx_prefetch`` on compiled NVIDIA (PTX), else 0."""
+    nvidia = dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
+    return cfg.idx_prefetch if cfg.idx_ahead and nvidia else 0
 
 
 def pdl_available(dev: torch.device) -> bool:

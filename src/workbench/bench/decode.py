@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -313,6 +314,12 @@ def sweep(cases: list[tuple[str, mla.TritonConfig, tuple[int, int, int, int], li
     return rows
 
 
+def _before_pdls(cfg: mla.TritonConfig) -> mla.TritonConfig:
+    """A default config as rounds 15-18 measured it: before ``pdl_split`` and the size-dependent merge
+    tile (``TritonConfig.merge_tile``, round 19) became defaults."""
+    return dataclasses.replace(cfg, pdl_split=False, merge_block_r=16, merge_block_d=32)
+
+
 def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[int, int, int, int], list[int | None]]]:
     """The focused sweeps behind the launch configs of :func:`workbench.mla.triton_config` (their tables are
     committed under ``explore`` in the results JSON). Round 1: the old configs beside deeply pipelined ones
@@ -331,6 +338,93 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 19:
+        # The trace: the merge adds 3.0 us after the last split program exits at B=16 L=4k, 2.5 us of it
+        # after its PDL wait, for 4 MB of partials. Other merge tiles (rows x columns per program).
+        bf = torch.bfloat16
+        small = dataclasses.replace(mla.triton_config(16, bf, 65536), merge_block_r=16, merge_block_d=32)
+        mem = [("16 small", small)]
+        for br, bd in ((16, 16), (8, 32), (8, 64), (32, 16), (16, 64), (8, 16)):
+            mem.append((f"16 small merge {br}x{bd}", dataclasses.replace(small, merge_block_r=br, merge_block_d=bd)))
+        mem.append(("16 small mbw", dataclasses.replace(small, meta_before_wait=True)))
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None])]
+        big, big_points = [], []
+        old = mem[0]
+    elif round_ == 18:
+        # The traces: after the PDL wait a program needs three dependent loads (indptrs, the first indices, the
+        # first rows) before any KV byte moves. meta_before_wait issues the first two before the wait, while the
+        # previous kernel still runs.
+        bf = torch.bfloat16
+        mem = []
+        for cfg in (_before_pdls(mla.triton_config(16, bf, 65536)), _before_pdls(mla.triton_config(16, bf))):
+            p = dataclasses.replace(cfg, pdl_split=True)
+            mem += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
+        big = []
+        for cfg in (_before_pdls(mla.triton_config(32, bf, 65536)), _before_pdls(mla.triton_config(64, bf))):
+            p = dataclasses.replace(cfg, pdl_split=True)
+            big += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
+        big_points = [((16, 2, 16, 4096), [None]), ((128, 1, 64, 4096), [None]), ((16, 4, 16, 4096), [None])]
+        old = mem[0]
+    elif round_ == 17:
+        # Round 16: a 32-token tile costs 2.0 us per program against 2.55 for a 64-token tile, so most of a
+        # tile's time does not scale with its bytes. The suspect: the next tile's 64-index load, issued in the
+        # same iteration as the gather that needs it, from DRAM. Here the split's indices are prefetched into
+        # L1 or L2 before the loop, so those loads hit a cache.
+        bf = torch.bfloat16
+        small = dataclasses.replace(_before_pdls(mla.triton_config(16, bf, 65536)), pdl_split=True)
+        large = _before_pdls(mla.triton_config(16, bf))
+        mem = [("16 small pdls", small)]
+        mem += [(c.label, c) for c in (dataclasses.replace(small, idx_prefetch=1), dataclasses.replace(small, idx_prefetch=2),
+                                       dataclasses.replace(small, block_n=32, num_stages=5, idx_prefetch=1),
+                                       dataclasses.replace(small, block_n=32, num_stages=5, idx_prefetch=2))]
+        mem += [("16 large", large)] + [(c.label, c) for c in (dataclasses.replace(large, idx_prefetch=1),
+                                                              dataclasses.replace(large, idx_prefetch=2))]
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None])]
+        big32 = _before_pdls(mla.triton_config(32, bf, 65536))
+        big = [("32 small", big32), ("32 small ip1", dataclasses.replace(big32, idx_prefetch=1)),
+               ("32 small ip2", dataclasses.replace(big32, idx_prefetch=2))]
+        big_points = [((16, 2, 16, 4096), [None]), ((16, 2, 64, 4096), [None])]
+        old = mem[0]
+    elif round_ == 16:
+        # Round 15's IR dump: with indices one tile ahead and 5 stages, 32-token tiles get 4 gather buffers
+        # (async_wait num = 6: three tiles in flight during a tile's math, 110 KB, against one 64-token tile,
+        # 74 KB, in the small-batch default); indices 2-3 tiles ahead had broken the pipeline. Deeper
+        # 32-token pipelines, all with pdls (round 15: -1 us at B=16 L=4k, neutral elsewhere).
+        bf = torch.bfloat16
+        small = dataclasses.replace(_before_pdls(mla.triton_config(16, bf, 65536)), pdl_split=True)
+        mem = [("16 small pdls", small)]
+        for w, st in ((8, 4), (8, 5), (8, 6), (4, 5), (4, 6)):
+            cfg = dataclasses.replace(small, block_n=32, num_warps=w, num_stages=st)
+            mem.append((cfg.label, cfg))
+        mem_points = [((16, 1, 16, 4096), [None, 16]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None])]
+        big, big_points = [], []
+        old = mem[0]
+    elif round_ == 15:
+        # The trace (``--trace``) of B=16 L=4k: a steady 2.6 us per 64-token tile per SM (3.6 TB/s over 128 SMs,
+        # against 4.2 for copy) with one tile in flight while the other is computed. More in flight: indices
+        # 2-3 tiles ahead so that a deeper pipeline can issue the row gather further ahead; and PDL launches of
+        # the split kernel too (pdls).
+        bf = torch.bfloat16
+        small, large = _before_pdls(mla.triton_config(16, bf, 65536)), _before_pdls(mla.triton_config(16, bf))
+        ps = dict(pdl_split=True)
+        mem = [("16 small", small), ("16 small pdls", dataclasses.replace(small, **ps))]
+        for w, st, dist in ((8, 4, 2), (8, 5, 3), (4, 4, 2), (4, 5, 3), (8, 3, 1)):
+            cfg = dataclasses.replace(small, block_n=32, num_warps=w, num_stages=st, idx_dist=dist)
+            mem.append((cfg.label, cfg))
+        mem += [("16 large", large), ("16 large pdls", dataclasses.replace(large, **ps))]
+        for st, dist in ((4, 2), (5, 3)):
+            cfg = dataclasses.replace(large, num_stages=st, idx_dist=dist, programs_per_sm=1)
+            mem.append((cfg.label, cfg))
+        mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
+                      ((16, 1, 64, 4096), [None])]
+        big64 = _before_pdls(mla.triton_config(64, bf))
+        big = [("64 rows", big64), ("64 rows pdls", dataclasses.replace(big64, **ps))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None])]
+        old = mem[0]
     elif round_ == 14:
         bf = torch.bfloat16
         fz = dict(fused_merge=True, merge_overhead_tokens=0, merge_tokens_per_split=32)
@@ -595,6 +689,143 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         **mla.split_kernel_options(cfg, heads, x["q"].dtype, pool.device)))
 
 
+def trace_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int, *,
+                config: mla.TritonConfig | None = None, num_splits: int | None = None, calls: int = 8,
+                keep_call: int | None = None) -> dict[str, Any]:
+    """Where one call's time goes: ``calls`` back-to-back calls captured in one CUDA graph (as the benchmark
+    times them), each writing %globaltimer stamps into its own buffers (``mla_decode_triton(trace=)``).
+    Returns the point, the config, the per-call time with and without the stamps (graph replay), the
+    :func:`summarize_trace` of the calls, and the raw stamps of call ``keep_call`` (default: the middle one)
+    relative to that call's first split-kernel entry, for a timeline figure."""
+    x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
+    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel())
+    row_blocks = -(-qlen * heads // cfg.block_m)
+    splits = num_splits or mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
+    out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
+    bufs = [mla.trace_buffers(x["q"], qlen, batch, splits, cfg) for _ in range(calls)]
+    state = {"i": 0}
+
+    def call(trace=None):
+        return mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen,
+                                     None, num_splits=splits, config=cfg, out=out, trace=trace)
+
+    def traced():
+        state["i"] += 1
+        return call(bufs[(state["i"] - 1) % calls])
+
+    graph = common._capture(traced, calls, warmup=calls)  # warm-up of `calls` calls: capture starts at buffer 0
+    for sb, mb in bufs:
+        sb.zero_()
+        mb.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    raw = [(sb.cpu().numpy(), mb.cpu().numpy()) for sb, mb in bufs]
+    traced_us = common.time_cuda_graph(traced, graph_reps=calls, repeats=20, warmup=calls)
+    plain_us = _graph_timer(call)
+    keep = calls // 2 if keep_call is None else keep_call
+    s_raw, m_raw = raw[keep]
+    t0 = int(s_raw[:, 1].min())
+    rel = lambda a: [[int(v) - t0 if v else None for v in row] for row in a[:, 1:].tolist()]  # noqa: E731
+    return dict(heads=heads, qlen=qlen, batch=batch, context=context, label=cfg.label, config=dataclasses.asdict(cfg),
+                num_splits=splits, calls=calls, traced_us=traced_us, untraced_us=plain_us,
+                summary=summarize_trace([(a.tolist(), b.tolist()) for a, b in raw]),
+                timeline=dict(call=keep, split_sm=s_raw[:, 0].tolist(), split_ns=rel(s_raw),
+                              merge_sm=m_raw[:, 0].tolist(), merge_ns=rel(m_raw) if len(m_raw) else []))
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def summarize_trace(calls: list[tuple[list[list[int]], list[list[int]]]]) -> dict[str, Any]:
+    """Summarise the %globaltimer stamps of consecutive calls (each a pair of split rows and merge rows, as
+    :func:`workbench.mla.trace_buffers` lays them out: SM, entry, after the PDL wait, exit, then one stamp per
+    tile; 0 = not written). Times in microseconds. Per call, relative to its first split-program entry:
+
+    * ``split_entry_spread``: last minus first split-program entry (how long the grid takes to start);
+    * ``split_wait``: median time a split program spent in the PDL wait;
+    * ``first_tile``: median time from after the wait to the end of a program's first tile (latency of the
+      first loads plus one tile of math);
+    * ``per_tile``: median over programs of the mean time per later tile (the streaming rate);
+    * ``split_exit_median`` / ``split_exit_last``: when the median and the last split program exits;
+    * ``merge_first_entry``, ``merge_wait_done`` (first merge program past its wait), ``merge_exit_last``;
+    * ``merge_after_split``: the last merge exit minus the last split exit (what the merge adds);
+    * ``gap_from_previous``: this call's first split entry minus the previous call's last merge (or split)
+      exit (negative: this call's programs started before the previous call ended, as PDL allows);
+    * ``period``: first split entry to the next call's first split entry.
+
+    The result holds the median of each over the calls (the first call's ``gap`` and the last call's
+    ``period`` are undefined), the per-call values, and ``timer_step_ns``, the smallest nonzero difference
+    between two stamps (the timer's resolution, if stamps are dense enough to show it).
+    """
+    per_call = []
+    stamps: list[int] = []
+    for split, merge in calls:
+        s_rows = [r for r in split if r[1]]
+        m_rows = [r for r in merge if r[1]]
+        if not s_rows:
+            raise ValueError("a call has no split-program stamps: was it run with trace buffers?")
+        t0 = min(r[1] for r in s_rows)
+        us = lambda t: (t - t0) / 1e3  # noqa: E731
+        firsts, tiles = [], []
+        for r in s_rows:
+            ts = [t for t in r[4:] if t]
+            stamps.extend(t for t in r[1:] if t)
+            if ts:
+                firsts.append((ts[0] - r[2]) / 1e3)
+            if len(ts) > 1:
+                tiles.append((ts[-1] - ts[0]) / (len(ts) - 1) / 1e3)
+        exits = sorted(us(r[3]) for r in s_rows)
+        c = dict(t0=t0, split_entry_spread=us(max(r[1] for r in s_rows)),
+                 split_wait=_median([(r[2] - r[1]) / 1e3 for r in s_rows]), first_tile=_median(firsts),
+                 per_tile=_median(tiles), split_exit_median=_median(exits), split_exit_last=exits[-1],
+                 end=max(r[3] for r in s_rows + m_rows))
+        if m_rows:
+            stamps.extend(t for r in m_rows for t in r[1:] if t)
+            c.update(merge_first_entry=us(min(r[1] for r in m_rows)), merge_wait_done=us(min(r[2] for r in m_rows)),
+                     merge_exit_last=us(max(r[3] for r in m_rows)))
+            c["merge_after_split"] = c["merge_exit_last"] - c["split_exit_last"]
+        per_call.append(c)
+    for prev, cur in zip(per_call, per_call[1:]):
+        cur["gap_from_previous"] = (cur["t0"] - prev["end"]) / 1e3
+        prev["period"] = (cur["t0"] - prev["t0"]) / 1e3
+    keys = [k for k in per_call[0] if k not in ("t0", "end")] + ["gap_from_previous", "period"]
+    med = {k: _median([c[k] for c in per_call if c.get(k) is not None]) for k in dict.fromkeys(keys)}
+    diffs = sorted({b - a for a, b in zip(sorted(stamps), sorted(stamps)[1:]) if b > a})
+    return dict(median=med, per_call=[{k: v for k, v in c.items() if k not in ("t0", "end")} for c in per_call],
+                timer_step_ns=diffs[0] if diffs else None)
+
+
+TRACE_POINTS = ((16, 1, 16, 4096), (16, 1, 64, 32768), (128, 1, 64, 4096))
+
+
+def trace_run(out: str, log=print) -> None:
+    """``workbench bench decode --trace``: :func:`trace_point` at the small-batch bar point, at a long context
+    and at 128 heads, each with the library's default config without PDL launches of the split kernel, with
+    them (``pdl_split``), and with ``meta_before_wait`` too. JSON with provenance to ``out`` (the per-program
+    stamps of the small-batch point only)."""
+    dev = common.require_gpu()
+    matmul_tflops()  # clocks out of idle
+    copy = common.copy_bandwidth()
+    pool = CachePool(max(b * l for _, _, b, l in TRACE_POINTS), torch.bfloat16, dev)
+    rows = []
+    for h, q, b, l in TRACE_POINTS:
+        base = mla.triton_config(q * h, torch.bfloat16, b * l)
+        cfgs = [dataclasses.replace(base, pdl_split=False, meta_before_wait=False),
+                dataclasses.replace(base, pdl_split=True, meta_before_wait=False),
+                dataclasses.replace(base, pdl_split=True, meta_before_wait=True)]
+        for cfg in cfgs:
+            r = trace_point(pool, h, q, b, l, config=cfg)
+            if (h, q, b, l) != TRACE_POINTS[0]:  # the per-program stamps only where the chapter draws them
+                r.pop("timeline")
+            rows.append(r)
+            m = r["summary"]["median"]
+            log(f"H{h:3d} q{q} B{b:3d} L{l:6d} {r['label']:24s} S{r['num_splits']:3d}: {r['untraced_us']:7.1f} us "
+                f"(traced {r['traced_us']:7.1f}) | " + " ".join(f"{k} {v:.2f}" for k, v in m.items() if v is not None))
+    common.write_json(out, dict(benchmark="mla_decode_trace", provenance=common.provenance(),
+                                ceilings={"copy": copy}, rows=rows))
+
+
 def explain_fixed_cost(out: str, log=print) -> None:
     """Round 3 of the sweep: where the fixed part of a 16-head qlen-1 call goes. Full calls over a context
     sweep at B=128 (time = fixed + bytes / rate), the split kernel alone, the merge alone, one split
@@ -617,8 +848,8 @@ def explain_fixed_cost(out: str, log=print) -> None:
         add("full", b, l, s["num_splits"], s["us"])
         if s["num_splits"] > 1:
             add("split only", b, l, s["num_splits"], time_split_only(pool, 16, 1, b, l, cfg, s["num_splits"]))
-            add("merge only", b, l, s["num_splits"], time_merge_only(s["num_splits"], b * 16, cfg.merge_block_r,
-                                                                    cfg.merge_block_d))
+            add("merge only", b, l, s["num_splits"], time_merge_only(s["num_splits"], b * 16,
+                                                                    *cfg.merge_tile(b * 16)))
     add("one split", 128, 8192, 1, sweep([("d", cfg, (16, 1, 128, 8192), [1])], pool, log=lambda *_: None)[0]["us"])
     common.write_json(out, dict(benchmark="mla_decode_fixed_cost", provenance=common.provenance(),
                                 ceilings={"copy": copy}, config=dataclasses.asdict(cfg), rows=rows))
@@ -668,7 +899,7 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
         if (h, q, b, l) == SPLIT_ONLY_POINT:  # where the time of the smallest bar point goes
             for splits in split_list[1:]:
                 us = time_split_only(pool, h, q, b, l, cfg, splits)
-                merge_us = time_merge_only(splits, b * q * h, cfg.merge_block_r, cfg.merge_block_d)
+                merge_us = time_merge_only(splits, b * q * h, *cfg.merge_tile(b * q * h))
                 split_rows.append(dict(label=label, heads=h, qlen=q, batch=b, context=l, num_splits=splits,
                                        split_only_us=us, merge_only_us=merge_us))
                 log(f"{label:28s} S{splits:3d}: split only {us:6.1f} us, merge only {merge_us:5.1f} us")
@@ -822,6 +1053,10 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "explore", None):
         explore(args.out, "compile", args.explore)
         explore(args.out, "time", args.explore)
+        print(f"wrote {args.out}")
+        return 0
+    if getattr(args, "trace", False):
+        trace_run(args.out)
         print(f"wrote {args.out}")
         return 0
     if getattr(args, "layouts", False):

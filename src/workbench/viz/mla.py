@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 
 from workbench import perfmodel
 
-__all__ = ["PEERS", "decode_bandwidth_figure", "decode_fixed_cost_figure", "decode_roofline_figure", "fixed_cost_fit",
-           "load_decode_results"]
+__all__ = ["PEERS", "decode_bandwidth_figure", "decode_fixed_cost_figure", "decode_roofline_figure",
+           "decode_trace_figure", "fixed_cost_fit", "load_decode_results", "trace_segments"]
 
 DATA_FILE = "bench_decode_h200.json"
 
@@ -175,4 +175,63 @@ def decode_fixed_cost_figure(data: dict[str, Any] | None = None, batch: int = 12
                       xaxis={"title": "KV read per call (GB)"}, yaxis={"title": "time per call (us)"},
                       width=760, height=440, template="plotly_white",
                       legend={"font": {"size": 10}, "orientation": "h", "y": -0.2})
+    return fig
+
+
+TRACE_PHASES = (("PDL wait", "#c7c7c7"), ("first tile", "#ff7f0e"), ("later tiles", "#1f77b4"),
+                ("after the last tile", "#2ca02c"))
+
+
+def trace_segments(row: dict[str, Any]) -> dict[str, Any]:
+    """The phases of each program of one traced call (a row of ``explore["trace"]["rows"]`` that kept its
+    ``timeline``), in microseconds from the call's first split-program entry: per split program, sorted by
+    entry, ``(start, length)`` of the PDL wait, the first tile, the later tiles and what follows the last
+    tile (the last tile's P @ V, the normalisation and the partial store); per merge program
+    ``(start, length)`` from its entry to its exit, and when its wait returned."""
+    tl = row.get("timeline")
+    if not tl:
+        raise ValueError(f"trace row {row.get('label')!r} has no per-program timeline (only the first point keeps one)")
+    split = []
+    for stamps in tl["split_ns"]:  # entry, after wait, exit, tile 0, tile 1, ... (ns, None = not written)
+        entry, wait, exit_ = stamps[0], stamps[1], stamps[2]
+        tiles = [t for t in stamps[3:] if t is not None]
+        if entry is None or wait is None or exit_ is None or not tiles:
+            continue
+        us = [v / 1e3 for v in (entry, wait, tiles[0], tiles[-1], exit_)]
+        split.append([(us[0], us[1] - us[0]), (us[1], us[2] - us[1]), (us[2], us[3] - us[2]), (us[3], us[4] - us[3])])
+    split.sort(key=lambda p: p[0][0])
+    merge = sorted(((m[0] / 1e3, (m[2] - m[0]) / 1e3, m[1] / 1e3) for m in tl["merge_ns"] if None not in m[:3]))
+    return {"split": split, "merge": merge}
+
+
+def decode_trace_figure(data: dict[str, Any] | None = None, label: str | None = None) -> go.Figure:
+    """One call at B=16 L=4k as the GPU ran it (``workbench bench decode --trace``): a bar per split program
+    (its PDL wait, first tile, later tiles, and the work after its last tile) and per merge program, from
+    %globaltimer stamps. ``label``: which traced config (default: the first with a timeline)."""
+    data = load_decode_results() if data is None else data
+    rows = [r for r in (data or {}).get("explore", {}).get("trace", {}).get("rows", []) if r.get("timeline")]
+    fig = go.Figure()
+    row = next((r for r in rows if label is None or r["label"] == label), None)
+    if label is not None and row is None:
+        raise ValueError(f"no traced config {label!r} with a timeline; traced: {[r['label'] for r in rows]}")
+    if row is None:
+        fig.update_layout(title="Where a call's time goes (no trace yet)")
+        return fig
+    seg = trace_segments(row)
+    n = len(seg["split"])
+    for i, (name, color) in enumerate(TRACE_PHASES):
+        fig.add_trace(go.Bar(orientation="h", y=list(range(n)), base=[p[i][0] for p in seg["split"]],
+                             x=[p[i][1] for p in seg["split"]], marker={"color": color, "line": {"width": 0}},
+                             name=name, width=1.0))
+    fig.add_trace(go.Bar(orientation="h", y=[n + 2 + j for j in range(len(seg["merge"]))],
+                         base=[m[0] for m in seg["merge"]], x=[m[1] for m in seg["merge"]],
+                         marker={"color": "#d62728", "line": {"width": 0}}, name="merge program", width=1.0))
+    m = row["summary"]["median"]
+    fig.update_layout(
+        barmode="overlay", template="plotly_white", width=760, height=460,
+        title=f"One call, H={row['heads']} B={row['batch']} L={row['context'] // 1024}k, {row['label']} "
+              f"({row['num_splits']} splits): {m['per_tile']:.2f} us per later tile, call every {m['period']:.1f} us",
+        xaxis={"title": "us after the first split program started"},
+        yaxis={"title": f"split programs (0-{n - 1}, by start), then merge programs", "showticklabels": False},
+        legend={"orientation": "h", "y": -0.2})
     return fig
