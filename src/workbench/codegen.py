@@ -1,0 +1,131 @@
+"""What Triton makes of the decode split kernel for Hopper, without a GPU.
+
+Triton compiles for a named target on any machine: ``triton.compile`` with ``GPUTarget("cuda", 90, 32)``
+runs the whole pipeline (TTIR, TTGIR, LLVM, PTX) and its bundled ``ptxas`` assembles the PTX and reports
+registers and spills. Chapter 3 found its main speed-up in that IR (the row gather of the old 16-row tile had
+one shared-memory buffer), and this session found a 3 % slowdown in it (an equivalent rewrite of one index load
+raised the small-batch tile from 142 to 171 registers on Triton 3.6). This module turns both into checks that
+run in CI: :func:`split_kernel_report` compiles the split kernel of a :class:`workbench.mla.TritonConfig` and
+returns its registers, spills, the shapes of its shared-memory buffers and the waits of its pipelined loop.
+
+It needs compiled Triton: run it in a process with ``TRITON_INTERPRET=0`` (under the interpreter the kernels
+are Python functions and there is nothing to compile; it raises a clear error there).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+from workbench import device
+
+HOPPER = ("cuda", 90, 32)  # backend, compute capability, warp size
+
+# Kernel arguments that are pointers or runtime integers, with their Triton types; every other argument is a
+# compile-time constant (a tl.constexpr). The pointers and the cache row stride (576 elements) are passed as
+# multiples of 16, as Triton specialises them at a real launch, so that 16-byte copies can be used.
+_RUNTIME_ARGS = {"Q": "*{dt}", "KV": "*{dt}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+                 "OUT": "*fp32", "LSE": "*fp32", "FINAL_O": "*{dt}", "FINAL_LSE": "*fp32", "COUNTERS": "*i32",
+                 "stride_kv": "i32", "total_rows": "i32", "qk_scale": "fp32", "num_splits": "i32"}
+_DIVISIBLE_BY_16 = {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE", "FINAL_O", "FINAL_LSE",
+                    "COUNTERS", "stride_kv"}
+
+
+# (rows per request, KV tokens of the call) that select each default 16-bit config of mla.triton_config
+DEFAULT_CASES = ((16, 65536), (16, None), (32, 65536), (32, None), (64, None))
+
+
+def _ptxas() -> str:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(path):
+        raise RuntimeError(f"Triton's bundled ptxas is missing ({path}): this Triton wheel cannot assemble for NVIDIA")
+    return path
+
+
+def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
+                        arch: str = "sm_90a") -> dict[str, Any]:
+    """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
+    report ``regs`` and ``spill_bytes`` (from ``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's
+    shared-memory allocations: a leading dimension of 2 or more is a multi-buffered pipeline),
+    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight) and ``ptx_lines``.
+    The split kernel is specialised as the library launches it with more than one split (partials, second-kernel
+    merge, PDL as ``cfg`` says unless ``pdl_split`` overrides it)."""
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    if device.interpreter_active():
+        raise RuntimeError("split_kernel_report compiles the kernel: run it with TRITON_INTERPRET=0 (under the "
+                           "interpreter the kernels are Python functions)")
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from workbench import mla
+
+    fn = mla._mla_decode_split_kernel
+    names = list(fn.arg_names)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    opts = mla.split_kernel_options(cfg, heads, torch_dtype, torch.device("cpu"), launch_dependents=cfg.pdl,
+                                    pdl_split=cfg.pdl_split if pdl_split is None else pdl_split)
+    # options that are CPU-dependent in split_kernel_options (PTX-only features it turns off off-GPU)
+    opts.update(L2_AHEAD=cfg.l2_ahead if cfg.idx_ahead else 0, IDX_PREFETCH=cfg.idx_prefetch if cfg.idx_ahead else 0)
+    launch = {k: opts.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in opts}
+    consts = dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False)
+    signature, constexprs = {}, {}
+    for i, name in enumerate(names):
+        if name in _RUNTIME_ARGS:
+            signature[name] = _RUNTIME_ARGS[name].format(dt=dtype)
+        else:
+            signature[name] = "constexpr"
+            if name not in consts:
+                default = fn.params[i].default
+                if default is inspect.Parameter.empty:
+                    raise ValueError(f"no value for the split kernel's compile-time argument {name!r}")
+                consts[name] = default
+            constexprs[(i,)] = consts[name]
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in _DIVISIBLE_BY_16}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg")}
+    kernel = triton.compile(src, target=GPUTarget(*HOPPER), options=options)
+    ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "split.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([_ptxas(), "-v", f"-arch={arch}", path, "-o", os.path.join(tmp, "split.cubin")],
+                             capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"ptxas failed for {cfg.label}: {res.stderr[-2000:]}")
+    regs = re.findall(r"Used (\d+) registers", res.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    return {
+        "label": cfg.label,
+        "regs": int(regs[-1]) if regs else None,
+        "spill_bytes": int(spills[-1]) if spills else 0,
+        "shared_buffers": sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)", ttgir))),
+        "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
+        "ptx_lines": ptx.count("\n"),
+        "triton": triton.__version__,
+    }
+
+
+def main() -> None:  # pragma: no cover - a command-line view of the same report
+    """``TRITON_INTERPRET=0 python -m workbench.codegen``: the report for each default decode config."""
+    import json
+
+    import torch
+
+    from workbench import mla
+
+    for rows, tokens in DEFAULT_CASES:
+        print(json.dumps(split_kernel_report(mla.triton_config(rows, torch.bfloat16, tokens), heads=16)))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
