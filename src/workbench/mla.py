@@ -1033,7 +1033,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     (griddepcontrol.wait) before its first read, so only its launch overlaps the kernel before it, and the
     merge releases the next kernel early (round 15: -1 us at B=16 L=4k, neutral elsewhere). Not on by
     default: ``meta_before_wait`` (round 18: a further -0.9 us there), which reads the indptrs and the first
-    indices before that wait and so needs them written before the kernel that precedes the call. The other switches of :class:`TritonConfig`
+    indices before that wait and so needs them written before the kernel that precedes the call. The merge's
+    tile follows the call's row count (:meth:`TritonConfig.merge_tile`, round 19). The other switches of :class:`TritonConfig`
     (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the designs of rounds
     3-7 of those sweeps: each is exact, none was faster on the H200 (chapter 3).
     """
