@@ -94,6 +94,7 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
     options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg")}
     kernel = triton.compile(src, target=GPUTarget(*HOPPER), options=options)
     ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
+    order = loop_order(ttgir)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "split.ptx")
         with open(path, "w") as f:
@@ -111,8 +112,40 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
         "shared_buffers": sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)", ttgir))),
         "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
         "ptx_lines": ptx.count("\n"),
+        "loop_order": order,
         "triton": triton.__version__,
     }
+
+
+# TTGIR ops of the KV loop, in the order they appear, and their short names in loop_order()
+_LOOP_EVENTS = (("ttg.async_wait", "wait"), ("ttng.warp_group_dot_wait", "dot_wait"), ("ttng.warp_group_dot ", "dot"),
+                ("tt.dot ", "dot"), ("ttg.async_copy_global_to_local", "copy"), ("tt.load ", "load"),
+                ("math.exp2", "exp2"))
+
+
+def loop_order(ttgir: str) -> list[str]:
+    """The main KV loop of a compiled split kernel (its first ``scf.for``), as the sequence of the events that
+    decide whether loads overlap math: ``wait:N`` (an asynchronous-copy wait that leaves N copy groups in
+    flight), ``dot`` / ``dot_wait`` (matrix products and the waits for Hopper's asynchronous ones), ``exp2``
+    (the softmax), ``copy:kv`` / ``copy:idx`` (asynchronous copies of cache rows or of indices into shared
+    memory), ``load`` (loads into registers)."""
+    lines = ttgir.splitlines()
+    start = next((i for i, line in enumerate(lines) if "scf.for" in line), None)
+    if start is None:
+        raise ValueError("the TTGIR has no scf.for loop")
+    out: list[str] = []
+    for line in lines[start + 1:]:
+        if "scf.yield" in line:
+            break
+        for pattern, name in _LOOP_EVENTS:
+            if pattern in line:
+                if name == "wait":
+                    name += ":" + re.search(r"num = (\d+)", line).group(1)
+                elif name == "copy":
+                    name += ":idx" if re.search(r"tensor<\d+x!tt\.ptr<i32>", line) else ":kv"
+                out.append(name)
+                break
+    return out
 
 
 def main() -> None:  # pragma: no cover - a command-line view of the same report
