@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from workbench import codegen, device
+from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,10 +27,18 @@ import json, torch
 from workbench import codegen, mla
 out = {}
 for rows, tokens in codegen.DEFAULT_CASES:
-    cfg = mla.triton_config(rows, torch.bfloat16, tokens)
+    cfg = mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda")
     out[cfg.label] = dict(codegen.split_kernel_report(cfg), block_n=cfg.block_n, idx_ahead=cfg.idx_ahead)
 old = mla.TritonConfig(16, 64, 4, 2, programs_per_sm=2)  # the 16-row default before idx_ahead (chapter 3)
 out["old"] = dict(codegen.split_kernel_report(old), block_n=64, idx_ahead=False)
+amd = []
+for dt, torch_dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
+    for rows in (16, 32, 64, 128):
+        cfg = mla.triton_config(rows, torch_dt, backend="hip")
+        amd.append(dict(codegen.amd_kernel_report(cfg, heads=16, dtype=dt), rows=rows, dtype=dt))
+nv_small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda")
+amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="bf16", nvidia_default=True))
+out["amd"] = amd
 print(json.dumps(out))
 """
 
@@ -50,7 +58,7 @@ def reports():
 
 
 def test_every_idx_ahead_default_double_buffers_the_row_gather(reports):
-    defaults = {k: v for k, v in reports.items() if k != "old" and v["idx_ahead"]}
+    defaults = {k: v for k, v in reports.items() if k not in ("old", "amd") and v["idx_ahead"]}
     assert len(defaults) == 4  # 16 and 32 rows, small and large batches
     for label, r in defaults.items():
         assert f"2x{r['block_n']}x512" in r["shared_buffers"], (label, r["shared_buffers"])
@@ -71,8 +79,6 @@ def test_small_batch_tiles_keep_their_registers(reports):
 
 @pytest.mark.skipif(not device.interpreter_active(), reason="checks the refusal under the interpreter")
 def test_report_refuses_to_run_under_the_interpreter():
-    from workbench import mla
-
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
         codegen.split_kernel_report(mla.triton_config(16, torch.bfloat16))
     with pytest.raises(ValueError, match="dtype must be"):
@@ -109,3 +115,20 @@ def test_loop_order_reads_a_small_ttgir():
     assert codegen.loop_order(ttgir) == ["wait:2", "dot", "exp2", "copy:kv", "copy:idx"]
     with pytest.raises(ValueError, match="no scf.for"):
         codegen.loop_order("tt.func @k() {}")
+
+
+def test_rocm_defaults_fit_the_lds_of_an_mi300x(reports):
+    """Triton's AMD backend cannot launch a kernel that asks for more LDS than a workgroup has (64 KB on
+    gfx942). Every ROCm default (16-bit and fp32, every row class) fits without scratch; the NVIDIA
+    small-batch tile would not (it asks for 144 KB)."""
+    for r in (r for r in reports["amd"] if not r.get("nvidia_default")):
+        assert r["shared"] <= mla.ROCM_LDS_BYTES and r["scratch_bytes"] == 0, r
+    nv = next(r for r in reports["amd"] if r.get("nvidia_default"))
+    assert nv["shared"] > mla.ROCM_LDS_BYTES, nv
+
+
+def test_backend_argument_is_checked():
+    with pytest.raises(ValueError, match="backend must be 'cuda' or 'hip'"):
+        mla.triton_config(16, torch.bfloat16, backend="metal")
+    with pytest.raises(ValueError, match="arch must be one of"):
+        codegen.amd_kernel_report(mla.triton_config(16, torch.bfloat16, backend="hip"), arch="gfx1100")

@@ -8,6 +8,10 @@ raised the small-batch tile from 142 to 171 registers on Triton 3.6). This modul
 run in CI: :func:`split_kernel_report` compiles the split kernel of a :class:`workbench.mla.TritonConfig` and
 returns its registers, spills, the shapes of its shared-memory buffers and the waits of its pipelined loop.
 
+The same works for AMD targets: :func:`amd_kernel_report` compiles the kernel for ``gfx942`` (MI300X) with
+Triton's AMD backend and reports the LDS it asks for, its VGPRs and its scratch; CI checks that the ROCm
+defaults fit the 64 KB of LDS a workgroup has there.
+
 It needs compiled Triton: run it in a process with ``TRITON_INTERPRET=0`` (under the interpreter the kernels
 are Python functions and there is nothing to compile; it raises a clear error there).
 """
@@ -48,18 +52,13 @@ def _ptxas() -> str:
     return path
 
 
-def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
-                        arch: str = "sm_90a") -> dict[str, Any]:
-    """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
-    report ``regs`` and ``spill_bytes`` (from ``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's
-    shared-memory allocations: a leading dimension of 2 or more is a multi-buffered pipeline),
-    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight) and ``ptx_lines``.
-    The split kernel is specialised as the library launches it with more than one split (partials, second-kernel
-    merge, PDL as ``cfg`` says unless ``pdl_split`` overrides it)."""
+def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, target: tuple) -> Any:
+    """The compiled split kernel for ``target`` (a GPUTarget tuple), specialised as the library launches it
+    with more than one split."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
     if device.interpreter_active():
-        raise RuntimeError("split_kernel_report compiles the kernel: run it with TRITON_INTERPRET=0 (under the "
+        raise RuntimeError("workbench.codegen compiles the kernel: run it with TRITON_INTERPRET=0 (under the "
                            "interpreter the kernels are Python functions)")
     import torch
     import triton
@@ -71,10 +70,12 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
     fn = mla._mla_decode_split_kernel
     names = list(fn.arg_names)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    opts = mla.split_kernel_options(cfg, heads, torch_dtype, torch.device("cpu"), launch_dependents=cfg.pdl,
-                                    pdl_split=cfg.pdl_split if pdl_split is None else pdl_split)
-    # options that are CPU-dependent in split_kernel_options (PTX-only features it turns off off-GPU)
-    opts.update(L2_AHEAD=cfg.l2_ahead if cfg.idx_ahead else 0, IDX_PREFETCH=cfg.idx_prefetch if cfg.idx_ahead else 0)
+    nvidia = target[0] == "cuda"
+    opts = mla.split_kernel_options(cfg, heads, torch_dtype, torch.device("cpu"), launch_dependents=cfg.pdl and nvidia,
+                                    pdl_split=(cfg.pdl_split if pdl_split is None else pdl_split) and nvidia)
+    # the PTX-only features that split_kernel_options turns off off-GPU, as the library would launch them
+    opts.update(L2_AHEAD=cfg.l2_ahead if cfg.idx_ahead and nvidia else 0,
+                IDX_PREFETCH=cfg.idx_prefetch if cfg.idx_ahead and nvidia else 0)
     launch = {k: opts.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in opts}
     consts = dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False)
     signature, constexprs = {}, {}
@@ -91,8 +92,41 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
             constexprs[(i,)] = consts[name]
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in _DIVISIBLE_BY_16}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg")}
-    kernel = triton.compile(src, target=GPUTarget(*HOPPER), options=options)
+    options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg") and (nvidia or k != "maxnreg")}
+    return triton.compile(src, target=GPUTarget(*target), options=options)
+
+
+AMD_TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx90a": ("hip", "gfx90a", 64)}  # MI300X/MI325X, MI250X
+
+
+def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str = "gfx942") -> dict[str, Any]:
+    """Compile the split kernel for an AMD GPU (Triton's AMD backend, on any machine) and report ``shared``
+    (the LDS bytes Triton asks for at launch: a launch fails above the GPU's limit, 64 KB on ``gfx942``),
+    ``vgprs`` and ``scratch_bytes`` (from the AMDGCN assembly's kernel notes; scratch is spilled registers)."""
+    if arch not in AMD_TARGETS:
+        raise ValueError(f"arch must be one of {sorted(AMD_TARGETS)}, got {arch!r}")
+    import triton
+
+    kernel = _compile_split(cfg, heads, dtype, False, AMD_TARGETS[arch])
+    amdgcn = kernel.asm["amdgcn"]
+    vgprs = re.findall(r"NumVgprs:\s+(\d+)", amdgcn)
+    scratch = re.findall(r"ScratchSize:\s+(\d+)", amdgcn)
+    return {"label": cfg.label, "arch": arch, "shared": kernel.metadata.shared,
+            "vgprs": int(vgprs[0]) if vgprs else None, "scratch_bytes": int(scratch[0]) if scratch else None,
+            "triton": triton.__version__}
+
+
+def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
+                        arch: str = "sm_90a") -> dict[str, Any]:
+    """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
+    report ``regs`` and ``spill_bytes`` (from ``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's
+    shared-memory allocations: a leading dimension of 2 or more is a multi-buffered pipeline),
+    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight) and ``ptx_lines``.
+    The split kernel is specialised as the library launches it with more than one split (partials, second-kernel
+    merge, PDL as ``cfg`` says unless ``pdl_split`` overrides it)."""
+    import triton
+
+    kernel = _compile_split(cfg, heads, dtype, pdl_split, HOPPER)
     ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
     order = loop_order(ttgir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,7 +191,10 @@ def main() -> None:  # pragma: no cover - a command-line view of the same report
     from workbench import mla
 
     for rows, tokens in DEFAULT_CASES:
-        print(json.dumps(split_kernel_report(mla.triton_config(rows, torch.bfloat16, tokens), heads=16)))
+        print(json.dumps(split_kernel_report(mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda"),
+                                             heads=16)))
+    for rows in (16, 32, 64):
+        print(json.dumps(amd_kernel_report(mla.triton_config(rows, torch.bfloat16, backend="hip"), heads=16)))
 
 
 if __name__ == "__main__":  # pragma: no cover

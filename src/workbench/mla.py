@@ -1006,9 +1006,35 @@ def _counter_workspace(dev: torch.device, n: int) -> torch.Tensor:
 SMALL_BATCH_TOKENS = 262_144  # at most this many KV tokens in a call: the one-program-per-SM configs
 
 
-def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None) -> TritonConfig:
+ROCM_LDS_BYTES = 65_536  # shared memory (LDS) per workgroup on CDNA3 (MI300X, gfx942) and CDNA2 (gfx90a)
+
+
+def rocm_triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
+    """Launch parameters for Triton's AMD backend, chosen to fit, not measured (there is no ROCm GPU here).
+
+    The NVIDIA tiles need up to 221 KB of shared memory; an MI300X workgroup has 64 KB of LDS, and Triton
+    cannot launch a kernel that asks for more. These tiles compile for ``gfx942`` within 64 KB and without
+    scratch (spills), as ``workbench.codegen.amd_kernel_report`` shows and ``tests/test_codegen.py`` checks
+    on every CI run: 16-bit up to 16 rows ``16x32 w4 s2`` (36 KB), up to 32 rows ``32x16 w4 s2`` (32 KB), more
+    ``64x16 w4 s2`` (64 KB); fp32 ``16x16 w4 s2`` (37 KB) or ``32x16 w4 s2`` (64 KB; fp32 tiles of 64 rows do
+    not fit). No PDL (NVIDIA only). Their speed on ROCm is unmeasured."""
+    if dtype.itemsize > 2:
+        if rows_per_req <= 16:
+            return TritonConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
+        return TritonConfig(block_m=32, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
+    if rows_per_req <= 16:
+        return TritonConfig(block_m=16, block_n=32, num_warps=4, num_stages=2, programs_per_sm=1)
+    if rows_per_req <= 32:
+        return TritonConfig(block_m=32, block_n=16, num_warps=4, num_stages=2, programs_per_sm=2)
+    return TritonConfig(block_m=64, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
+
+
+def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *,
+                  backend: str | None = None) -> TritonConfig:
     """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows and a batch of
     ``total_tokens`` KV tokens (an upper bound is fine, such as ``kv_indices.numel()``; None: a large batch).
+    ``backend``: ``"cuda"`` or ``"hip"`` (default: the one this torch was built for); ROCm gets
+    :func:`rocm_triton_config`, whose tiles fit a 64 KB LDS.
 
     Under the interpreter: the smallest legal tiles (``tl.dot`` needs 16 in every dimension).
     On a GPU: the configs the focused sweeps of ``workbench.bench.decode.explore`` chose on an H200
@@ -1034,14 +1060,19 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     merge releases the next kernel early (round 15: -1 us at B=16 L=4k, neutral elsewhere). Not on by
     default: ``meta_before_wait`` (round 18: a further -0.9 us there), which reads the indptrs and the first
     indices before that wait and so needs them written before the kernel that precedes the call. The merge's
-    tile follows the call's row count (:meth:`TritonConfig.merge_tile`, round 19). The other switches of :class:`TritonConfig`
-    (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the designs of rounds
-    3-7 of those sweeps: each is exact, none was faster on the H200 (chapter 3).
+    tile follows the call's row count (:meth:`TritonConfig.merge_tile`, round 19). The other switches of
+    :class:`TritonConfig` (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the
+    designs of rounds 3-7 of those sweeps: each is exact, none was faster on the H200 (chapter 3).
     """
+    backend = backend or ("hip" if torch.version.hip is not None else "cuda")
+    if backend not in ("cuda", "hip"):
+        raise ValueError(f"backend must be 'cuda' or 'hip', got {backend!r}")
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
                             merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_r=16,
                             merge_block_d=KV_LORA_RANK)
+    if backend == "hip":
+        return rocm_triton_config(rows_per_req, dtype)
     if dtype.itemsize > 2:
         # fp32 (exactness checks, not speed): rows twice as wide in shared memory, so tiles that fit
         # 227 KB with the query tile and two KV buffers: 16 rows 184 KB, 32 rows 221 KB.
