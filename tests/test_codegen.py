@@ -39,6 +39,7 @@ for dt, torch_dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32",
 nv_small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda")
 amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="bf16", nvidia_default=True))
 out["amd"] = amd
+out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 print(json.dumps(out))
 """
 
@@ -58,7 +59,7 @@ def reports():
 
 
 def test_every_idx_ahead_default_double_buffers_the_row_gather(reports):
-    defaults = {k: v for k, v in reports.items() if k not in ("old", "amd") and v["idx_ahead"]}
+    defaults = {k: v for k, v in reports.items() if k not in ("old", "amd", "expand") and v["idx_ahead"]}
     assert len(defaults) == 4  # 16 and 32 rows, small and large batches
     for label, r in defaults.items():
         assert f"2x{r['block_n']}x512" in r["shared_buffers"], (label, r["shared_buffers"])
@@ -132,3 +133,12 @@ def test_backend_argument_is_checked():
         mla.triton_config(16, torch.bfloat16, backend="metal")
     with pytest.raises(ValueError, match="arch must be one of"):
         codegen.amd_kernel_report(mla.triton_config(16, torch.bfloat16, backend="hip"), arch="gfx1100")
+
+
+def test_expansion_kernel_compiles_for_rocm_and_hopper(reports):
+    """The index expansion (chapter 2) runs wherever the decode does; it compiles for MI300X, MI250X and
+    Hopper with a few KB of shared memory."""
+    assert [r["arch"] for r in reports["expand"]] == ["gfx942", "gfx90a", "sm_90"]
+    assert all(0 < r["shared"] <= 16384 for r in reports["expand"]), reports["expand"]
+    with pytest.raises(ValueError, match="arch must be one of"):
+        codegen.expand_kernel_report("sm_75")

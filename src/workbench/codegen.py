@@ -116,6 +116,33 @@ def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str 
             "triton": triton.__version__}
 
 
+def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4) -> dict[str, Any]:
+    """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
+    ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for."""
+    targets = dict(AMD_TARGETS, sm_90=HOPPER)
+    if arch not in targets:
+        raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
+    if device.interpreter_active():
+        raise RuntimeError("workbench.codegen compiles the kernel: run it with TRITON_INTERPRET=0")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from workbench import expand
+
+    fn = expand._expand_page_indices_kernel
+    names = list(fn.arg_names)
+    runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
+               "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32"}
+    consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
+                  CHUNKS_FIRST=True)
+    signature = {n: runtime.get(n, "constexpr") for n in names}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")})
+    kernel = triton.compile(src, target=GPUTarget(*targets[arch]), options=dict(num_warps=num_warps))
+    return {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
+
+
 def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
                         arch: str = "sm_90a") -> dict[str, Any]:
     """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
