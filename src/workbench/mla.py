@@ -1221,8 +1221,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl, pdl_split=pdl_split)
     grid = (row_blocks, num_splits, num_reqs)
     if trace is not None:
-        _check_trace(trace, q.device, row_blocks * num_splits * num_reqs,
-                     0 if num_splits == 1 or cfg.fused_merge else merge_programs(total_rows, cfg))
+        _check_trace(trace, q.device, *_trace_programs(cfg, row_blocks, num_splits, num_reqs, total_rows))
         common.update(TRACE_BUF=trace[0], TRACE=True)
     if num_splits == 1:
         compiled = _mla_decode_split_kernel[grid](
@@ -1264,6 +1263,13 @@ def merge_programs(total_rows: int, cfg: TritonConfig) -> int:
     return triton.cdiv(total_rows, br) * (KV_LORA_RANK // bd)
 
 
+def _trace_programs(cfg: TritonConfig, row_blocks: int, num_splits: int, num_reqs: int,
+                    total_rows: int) -> tuple[int, int]:
+    """(split programs, merge programs) of a call: the rows of its two trace buffers."""
+    n_merge = 0 if num_splits == 1 or cfg.fused_merge else merge_programs(total_rows, cfg)
+    return row_blocks * num_splits * num_reqs, n_merge
+
+
 def trace_buffers(q: torch.Tensor, max_qo_len: int, num_reqs: int, num_splits: int,
                   cfg: TritonConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeroed int64 timestamp buffers for ``mla_decode_triton(..., trace=)``: ``(split programs,
@@ -1271,15 +1277,14 @@ def trace_buffers(q: torch.Tensor, max_qo_len: int, num_reqs: int, num_splits: i
     merge). Split program ``pid_m + row_blocks * (split + num_splits * request)`` writes row of that number:
     its SM, its entry time, the time after its PDL wait, its exit time, then the time after each of its first
     TRACE_TILES tiles (0: not reached). Times are the GPU's %globaltimer in ns."""
-    rows = max_qo_len * q.shape[1]
-    row_blocks = triton.cdiv(rows, cfg.block_m)
-    n_merge = 0 if num_splits == 1 or cfg.fused_merge else merge_programs(q.shape[0] * q.shape[1], cfg)
-    return (torch.zeros(row_blocks * num_splits * num_reqs, TRACE_SLOTS.value, dtype=torch.int64, device=q.device),
+    n_split, n_merge = _trace_programs(cfg, triton.cdiv(max_qo_len * q.shape[1], cfg.block_m), num_splits,
+                                       num_reqs, q.shape[0] * q.shape[1])
+    return (torch.zeros(n_split, TRACE_SLOTS.value, dtype=torch.int64, device=q.device),
             torch.zeros(n_merge, MERGE_TRACE_SLOTS.value, dtype=torch.int64, device=q.device))
 
 
 def _check_trace(trace: Any, dev: torch.device, n_split: int, n_merge: int) -> None:
-    if dev.type != "cuda" or torch.version.hip is not None or device.interpreter_active():
+    if not _compiled_nvidia(dev):
         raise ValueError("trace needs compiled Triton on an NVIDIA GPU (it reads the PTX register %globaltimer); "
                          f"this call runs on {dev} with the interpreter "
                          f"{'on' if device.interpreter_active() else 'off'}")
@@ -1308,23 +1313,25 @@ def split_kernel_options(cfg: TritonConfig, heads: int, dtype: torch.dtype, dev:
     return opts
 
 
+def _compiled_nvidia(dev: torch.device) -> bool:
+    """Kernels on ``dev`` are compiled for NVIDIA (not the interpreter, not ROCm): PTX-only features apply."""
+    return dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
+
+
 def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:
     """The L2 prefetch distance the kernel gets: ``cfg.l2_ahead`` with ``idx_ahead`` on compiled NVIDIA
     (the prefetch is PTX), else 0."""
-    nvidia = dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
-    return cfg.l2_ahead if cfg.idx_ahead and nvidia else 0
+    return cfg.l2_ahead if cfg.idx_ahead and _compiled_nvidia(dev) else 0
 
 
 def idx_prefetch_for(cfg: TritonConfig, dev: torch.device) -> int:
     """The index prefetch level the kernel gets: ``cfg.idx_prefetch`` on compiled NVIDIA (PTX), else 0."""
-    nvidia = dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
-    return cfg.idx_prefetch if cfg.idx_ahead and nvidia else 0
+    return cfg.idx_prefetch if cfg.idx_ahead and _compiled_nvidia(dev) else 0
 
 
 def pdl_available(dev: torch.device) -> bool:
     """Programmatic dependent launch: compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer."""
-    return (dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
-            and torch.cuda.get_device_capability(dev)[0] >= 9)
+    return _compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
 def _check_kernel_args(q: torch.Tensor, cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
