@@ -52,48 +52,59 @@ def _ptxas() -> str:
     return path
 
 
+def _require_compiled() -> None:
+    if device.interpreter_active():
+        raise RuntimeError("workbench.codegen compiles the kernel: run it with TRITON_INTERPRET=0 (under the "
+                           "interpreter the kernels are Python functions)")
+
+
+def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible: set[str], target: tuple,
+             options: dict[str, Any]) -> Any:
+    """Compile the @triton.jit ``fn`` for ``target`` (a GPUTarget tuple): ``runtime`` gives the Triton type of
+    each runtime argument, ``consts`` the value of compile-time ones (else their default), and the arguments in
+    ``divisible`` are specialised as multiples of 16, as a real launch with aligned tensors does."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    signature, constexprs = {}, {}
+    for i, name in enumerate(names):
+        if name in runtime:
+            signature[name] = runtime[name]
+            continue
+        signature[name] = "constexpr"
+        value = consts.get(name, fn.params[i].default)
+        if value is inspect.Parameter.empty:
+            raise ValueError(f"no value for the compile-time argument {name!r} of {fn.__name__}")
+        constexprs[(i,)] = value
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in divisible}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget(*target), options=options)
+
+
 def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, target: tuple) -> Any:
     """The compiled split kernel for ``target`` (a GPUTarget tuple), specialised as the library launches it
     with more than one split."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
-    if device.interpreter_active():
-        raise RuntimeError("workbench.codegen compiles the kernel: run it with TRITON_INTERPRET=0 (under the "
-                           "interpreter the kernels are Python functions)")
+    _require_compiled()
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from workbench import mla
 
-    fn = mla._mla_decode_split_kernel
-    names = list(fn.arg_names)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     nvidia = target[0] == "cuda"
-    opts = mla.split_kernel_options(cfg, heads, torch_dtype, torch.device("cpu"), launch_dependents=cfg.pdl and nvidia,
+    # the device only tells split_kernel_options whether the PTX-only features apply
+    opts = mla.split_kernel_options(cfg, heads, torch_dtype, torch.device("cuda" if nvidia else "cpu"),
+                                    launch_dependents=cfg.pdl and nvidia,
                                     pdl_split=(cfg.pdl_split if pdl_split is None else pdl_split) and nvidia)
-    # the PTX-only features that split_kernel_options turns off off-GPU, as the library would launch them
-    opts.update(L2_AHEAD=cfg.l2_ahead if cfg.idx_ahead and nvidia else 0,
-                IDX_PREFETCH=cfg.idx_prefetch if cfg.idx_ahead and nvidia else 0)
     launch = {k: opts.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in opts}
-    consts = dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False)
-    signature, constexprs = {}, {}
-    for i, name in enumerate(names):
-        if name in _RUNTIME_ARGS:
-            signature[name] = _RUNTIME_ARGS[name].format(dt=dtype)
-        else:
-            signature[name] = "constexpr"
-            if name not in consts:
-                default = fn.params[i].default
-                if default is inspect.Parameter.empty:
-                    raise ValueError(f"no value for the split kernel's compile-time argument {name!r}")
-                consts[name] = default
-            constexprs[(i,)] = consts[name]
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in _DIVISIBLE_BY_16}
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg") and (nvidia or k != "maxnreg")}
-    return triton.compile(src, target=GPUTarget(*target), options=options)
+    options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages") or (k == "maxnreg" and nvidia)}
+    runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
+    return _compile(mla._mla_decode_split_kernel, runtime,
+                    dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False),
+                    _DIVISIBLE_BY_16, target, options)
 
 
 AMD_TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx90a": ("hip", "gfx90a", 64)}  # MI300X/MI325X, MI250X
@@ -122,24 +133,17 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     targets = dict(AMD_TARGETS, sm_90=HOPPER)
     if arch not in targets:
         raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
-    if device.interpreter_active():
-        raise RuntimeError("workbench.codegen compiles the kernel: run it with TRITON_INTERPRET=0")
+    _require_compiled()
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from workbench import expand
 
-    fn = expand._expand_page_indices_kernel
-    names = list(fn.arg_names)
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32"}
     consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
                   CHUNKS_FIRST=True)
-    signature = {n: runtime.get(n, "constexpr") for n in names}
-    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")})
-    kernel = triton.compile(src, target=GPUTarget(*targets[arch]), options=dict(num_warps=num_warps))
+    kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
+                      targets[arch], dict(num_warps=num_warps))
     return {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
 
 
