@@ -32,10 +32,12 @@ __all__ = [
     "Platform",
     "aiter_status",
     "check_kernel_dtype",
+    "compiled_nvidia",
     "default_device",
     "describe",
     "interpreter_active",
     "on_gpu",
+    "pdl_available",
     "platform",
     "vllm_status",
 ]
@@ -119,6 +121,19 @@ def interpreter_active() -> bool:
 def on_gpu() -> bool:
     """True on an NVIDIA or AMD GPU with compiled (not interpreted) Triton kernels."""
     return platform().kind != "cpu" and not interpreter_active()
+
+
+def compiled_nvidia(dev: torch.device) -> bool:
+    """Kernels on ``dev`` are compiled for NVIDIA (not the interpreter, not ROCm): PTX-only features apply."""
+    return dev.type == "cuda" and torch.version.hip is None and not interpreter_active()
+
+
+def pdl_available(dev: torch.device) -> bool:
+    """Programmatic dependent launch (PDL): compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer.
+
+    A kernel launched with PDL may start before the kernel ahead of it in the stream has finished; it must call
+    ``griddepcontrol.wait`` (``tl.extra.cuda.gdc_wait``) before it reads anything that kernel may write."""
+    return compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
 def default_device() -> torch.device:

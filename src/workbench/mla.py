@@ -1015,15 +1015,17 @@ def rocm_triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     The NVIDIA tiles need up to 221 KB of shared memory; an MI300X workgroup has 64 KB of LDS, and Triton
     cannot launch a kernel that asks for more. These tiles compile for ``gfx942`` within 64 KB and without
     scratch (spills), as ``workbench.codegen.amd_kernel_report`` shows and ``tests/test_codegen.py`` checks
-    on every CI run: 16-bit up to 16 rows ``16x32 w4 s2`` (36 KB), up to 32 rows ``32x16 w4 s2`` (32 KB), more
+    on every CI run: 16-bit up to 16 rows ``16x16 w4 s2`` (18 KB), up to 32 rows ``32x16 w4 s2`` (32 KB), more
     ``64x16 w4 s2`` (64 KB); fp32 ``16x16 w4 s2`` (37 KB) or ``32x16 w4 s2`` (64 KB; fp32 tiles of 64 rows do
-    not fit). No PDL (NVIDIA only). Their speed on ROCm is unmeasured."""
+    not fit). No PDL (NVIDIA only). Their speed on ROCm is unmeasured. The 16-bit 16-row tile was first
+    ``16x32 w4 s2`` (36 KB): no scratch with Triton 3.7.1, but 12 bytes of it with Triton 3.6.0 (its 256 VGPRs
+    full), found when the CI check ran on the GPU machine's Triton; ``16x16 w4 s2`` has none with either."""
     if dtype.itemsize > 2:
         if rows_per_req <= 16:
             return TritonConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
         return TritonConfig(block_m=32, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
     if rows_per_req <= 16:
-        return TritonConfig(block_m=16, block_n=32, num_warps=4, num_stages=2, programs_per_sm=1)
+        return TritonConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
     if rows_per_req <= 32:
         return TritonConfig(block_m=32, block_n=16, num_warps=4, num_stages=2, programs_per_sm=2)
     return TritonConfig(block_m=64, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
@@ -1216,8 +1218,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits)
         return out, lse
     total_rows = total_q * heads
-    pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and pdl_available(q.device)
-    pdl_split = cfg.pdl_split and pdl_available(q.device)
+    pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and device.pdl_available(q.device)
+    pdl_split = cfg.pdl_split and device.pdl_available(q.device)
     common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl, pdl_split=pdl_split)
     grid = (row_blocks, num_splits, num_reqs)
     if trace is not None:
@@ -1284,7 +1286,7 @@ def trace_buffers(q: torch.Tensor, max_qo_len: int, num_reqs: int, num_splits: i
 
 
 def _check_trace(trace: Any, dev: torch.device, n_split: int, n_merge: int) -> None:
-    if not _compiled_nvidia(dev):
+    if not device.compiled_nvidia(dev):
         raise ValueError("trace needs compiled Triton on an NVIDIA GPU (it reads the PTX register %globaltimer); "
                          f"this call runs on {dev} with the interpreter "
                          f"{'on' if device.interpreter_active() else 'off'}")
@@ -1313,25 +1315,15 @@ def split_kernel_options(cfg: TritonConfig, heads: int, dtype: torch.dtype, dev:
     return opts
 
 
-def _compiled_nvidia(dev: torch.device) -> bool:
-    """Kernels on ``dev`` are compiled for NVIDIA (not the interpreter, not ROCm): PTX-only features apply."""
-    return dev.type == "cuda" and torch.version.hip is None and not device.interpreter_active()
-
-
 def l2_ahead_for(cfg: TritonConfig, dev: torch.device) -> int:
     """The L2 prefetch distance the kernel gets: ``cfg.l2_ahead`` with ``idx_ahead`` on compiled NVIDIA
     (the prefetch is PTX), else 0."""
-    return cfg.l2_ahead if cfg.idx_ahead and _compiled_nvidia(dev) else 0
+    return cfg.l2_ahead if cfg.idx_ahead and device.compiled_nvidia(dev) else 0
 
 
 def idx_prefetch_for(cfg: TritonConfig, dev: torch.device) -> int:
     """The index prefetch level the kernel gets: ``cfg.idx_prefetch`` on compiled NVIDIA (PTX), else 0."""
-    return cfg.idx_prefetch if cfg.idx_ahead and _compiled_nvidia(dev) else 0
-
-
-def pdl_available(dev: torch.device) -> bool:
-    """Programmatic dependent launch: compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer."""
-    return _compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
+    return cfg.idx_prefetch if cfg.idx_ahead and device.compiled_nvidia(dev) else 0
 
 
 def _check_kernel_args(q: torch.Tensor, cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
