@@ -40,6 +40,7 @@ nv_small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda")
 amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="bf16", nvidia_default=True))
 out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
+out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
 print(json.dumps(out))
 """
 
@@ -59,7 +60,7 @@ def reports():
 
 
 def test_every_idx_ahead_default_double_buffers_the_row_gather(reports):
-    defaults = {k: v for k, v in reports.items() if k not in ("old", "amd", "expand") and v["idx_ahead"]}
+    defaults = {k: v for k, v in reports.items() if k not in ("old", "amd", "expand", "expand_pdl") and v["idx_ahead"]}
     assert len(defaults) == 4  # 16 and 32 rows, small and large batches
     for label, r in defaults.items():
         assert f"2x{r['block_n']}x512" in r["shared_buffers"], (label, r["shared_buffers"])
@@ -142,3 +143,16 @@ def test_expansion_kernel_compiles_for_rocm_and_hopper(reports):
     assert all(0 < r["shared"] <= 16384 for r in reports["expand"]), reports["expand"]
     with pytest.raises(ValueError, match="arch must be one of"):
         codegen.expand_kernel_report("sm_75")
+
+
+def test_pdl_expansion_reads_nothing_before_its_wait(reports):
+    """Launched with PDL, the expansion may start while the kernel before it still runs (which may be writing
+    block_table or seq_lens): its PTX must not load from global memory before griddepcontrol.wait, and it lets
+    the next kernel launch (griddepcontrol.launch_dependents). Without PDL there is no wait at all."""
+    r = reports["expand_pdl"]
+    assert r["has_wait"] and r["global_loads_before_wait"] == 0 and r["has_launch_dependents"], r
+    plain = reports["expand"][2]
+    assert plain["arch"] == "sm_90" and not plain["has_wait"] and not plain["has_launch_dependents"], plain
+    assert plain["global_loads_before_wait"] > 0  # the count sees the kernel's loads when there is no wait
+    with pytest.raises(ValueError, match="pdl needs an NVIDIA target"):
+        codegen.expand_kernel_report("gfx942", pdl=True)

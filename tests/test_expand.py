@@ -79,6 +79,7 @@ CONFIGS = {
     "chunk32-stride2": E.ExpandConfig(block_t=32, max_chunk_programs=2),
     "chunk64-8warps-streaming": E.ExpandConfig(block_t=64, num_warps=8, streaming_stores=True),
     "chunk16-requests-first": E.ExpandConfig(block_t=16, chunks_first=False),
+    "chunk16-prefix-u32": E.ExpandConfig(block_t=16, prefix_u32=True),
 }
 
 
@@ -130,13 +131,14 @@ def test_full_rows_are_never_read_past_their_end(K):
     check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=E.ExpandConfig(block_t=64))
 
 
-def test_prefix_sum_over_several_steps(monkeypatch):
+@pytest.mark.parametrize("config", ["chunk16", "chunk16-prefix-u32"])
+def test_prefix_sum_over_several_steps(monkeypatch, config):
     # More requests than seq_lens summed per step (1024 on a GPU; 16 here): the prefix sum loops.
     monkeypatch.setattr(E, "MAX_BLOCK_R", 16)
     rng = random.Random(11)
     lens = [rng.randint(0, 40) for _ in range(37)]
     block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=11)
-    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks, config=CONFIGS[config])
 
 
 def test_more_requests_than_grid_axis_1_allows(monkeypatch):
@@ -425,6 +427,56 @@ def test_gpu_cuda_graph_capture_and_replay():
     total = ref_indices.numel()
     assert torch.equal(out[:total].cpu(), ref_indices) and torch.equal(indptr.cpu(), ref_indptr)
     assert (out[total:] == SENTINEL).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: PDL and CUDA graphs need one")
+def test_gpu_pdl_launch_waits_for_the_kernel_before():
+    """With PDL (the default on sm_90+) an expansion may start while the kernel ahead of it runs. Each step
+    below reads what the step before it has just written: torch copies write block_table and seq_lens, the
+    expansion computes kv_indptr, and a second expansion reads that kv_indptr (the precomputed-kv_indptr path,
+    also PDL-launched) right after the first one triggered its dependents. 40 steps in one CUDA graph, each with
+    new inputs; every output must equal the spec's."""
+    K, R, cap_blocks = 16, 24, 80
+    cfg = E.ExpandConfig(block_t=256)
+    g = torch.Generator().manual_seed(5)
+    steps = []
+    for i in range(40):
+        lens = torch.randint(0, cap_blocks * K + 1, (R,), generator=g, dtype=torch.int32)
+        table = torch.randperm(R * cap_blocks, generator=g, dtype=torch.int64)[: R * cap_blocks].reshape(R, -1)
+        steps.append((table.to(torch.int32), lens))
+    block_table = torch.zeros(R, cap_blocks, dtype=torch.int32, device=DEV)
+    seq_lens = torch.zeros(R, dtype=torch.int32, device=DEV)
+    src = [(t.to(DEV), n.to(DEV)) for t, n in steps]
+    n_out = R * cap_blocks * K
+    outs = torch.full((len(steps), 2, n_out), SENTINEL, dtype=torch.int32, device=DEV)
+    indptrs = torch.zeros(len(steps), R + 1, dtype=torch.int32, device=DEV)
+    max_len = cap_blocks * K
+
+    def run_steps():
+        for i, (t, n) in enumerate(src):
+            block_table.copy_(t)
+            seq_lens.copy_(n)
+            E._launch_expand(block_table, seq_lens, K, outs[i, 0], indptrs[i], max_len, cfg)
+            E._launch_expand(block_table, seq_lens, K, outs[i, 1], indptrs[i], max_len, cfg, indptr_in=True)
+
+    run_steps()  # compile outside the graph
+    outs.fill_(SENTINEL)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_steps()
+    for _ in range(3):
+        outs.fill_(SENTINEL)
+        indptrs.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (t, n) in enumerate(steps):
+            ref, ref_indptr = E.expand_page_indices_ref(t, n, K)
+            total = ref.numel()
+            assert torch.equal(indptrs[i].cpu(), ref_indptr), i
+            for j in (0, 1):
+                assert torch.equal(outs[i, j, :total].cpu(), ref), (i, j)
+                assert (outs[i, j, total:] == SENTINEL).all(), (i, j)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -127,24 +127,36 @@ def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str 
             "triton": triton.__version__}
 
 
-def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4) -> dict[str, Any]:
+def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
+                         pdl: bool = False) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
-    ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for."""
+    ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
+
+    ``pdl`` (``sm_90`` only): compile it as launched with programmatic dependent launch, and also report
+    ``global_loads_before_wait`` (``ld.global`` instructions in the PTX before its first ``griddepcontrol.wait``:
+    must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``."""
     targets = dict(AMD_TARGETS, sm_90=HOPPER)
     if arch not in targets:
         raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
+    if pdl and arch != "sm_90":
+        raise ValueError(f"pdl needs an NVIDIA target (sm_90): PDL is griddepcontrol PTX; got arch {arch!r}")
     _require_compiled()
     import triton
-
     from workbench import expand
-
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32"}
     consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True)
+                  CHUNKS_FIRST=True, PDL=pdl)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       targets[arch], dict(num_warps=num_warps))
-    return {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
+    report: dict[str, Any] = {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
+    if arch == "sm_90":
+        ptx = kernel.asm["ptx"]
+        wait = ptx.find("griddepcontrol.wait")
+        report["has_wait"] = wait >= 0
+        report["global_loads_before_wait"] = len(re.findall(r"\bld\.global", ptx[:wait] if wait >= 0 else ptx))
+        report["has_launch_dependents"] = "griddepcontrol.launch_dependents" in ptx
+    return report
 
 
 def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,

@@ -333,6 +333,8 @@ def _expand_page_indices_kernel(
     INDPTR_IN: tl.constexpr,  # read start/end from a precomputed kv_indptr instead of summing seq_lens
     STORE_CACHE: tl.constexpr,  # cache modifier of the index stores ("" default, ".cs" streaming)
     CHUNKS_FIRST: tl.constexpr,  # grid is (chunks, requests) instead of (requests, chunks)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (compiled NVIDIA, sm_90+)
+    PREFIX_U32: tl.constexpr = False,  # sum seq_lens in uint32 (exact below 2**32 tokens), not int64
 ):
     # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
     # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
@@ -346,6 +348,14 @@ def _expand_page_indices_kernel(
         c = tl.program_id(1)
         n_c = tl.num_programs(1)
     row = block_table_ptr + r.to(tl.int64) * block_table_stride
+    if PDL:
+        # Launched with PDL, this grid may start while the kernel before it is still running (its programs
+        # become resident early instead of after it ends: the launch cost overlaps that kernel). So nothing is
+        # read before the wait, which returns once that kernel has finished and its stores are visible:
+        # block_table and seq_lens may be written by it. Then let the next kernel be scheduled now; a dependent
+        # waits in turn for this whole grid (stores included) before it reads kv_indices.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
     # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
     #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
@@ -361,11 +371,19 @@ def _expand_page_indices_kernel(
     else:
         offs = tl.arange(0, BLOCK_R)
         seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-        start = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
-        if PREFIX_LOOP:
-            for i in range(BLOCK_R, r, BLOCK_R):
-                o = i + offs
-                start += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64))
+        if PREFIX_U32:
+            start32 = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.uint32))
+            if PREFIX_LOOP:
+                for i in range(BLOCK_R, r, BLOCK_R):
+                    o = i + offs
+                    start32 += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.uint32))
+            start = start32.to(tl.int64)
+        else:
+            start = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
+            if PREFIX_LOOP:
+                for i in range(BLOCK_R, r, BLOCK_R):
+                    o = i + offs
+                    start += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64))
         if c == 0:
             tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
             if r == 0:
@@ -390,6 +408,9 @@ class ExpandConfig:
     max_chunk_programs: int = 65535  # programs per request (grid's chunk dimension); programs then stride
     streaming_stores: bool = False  # ".cs" stores (evict-first), for outputs far larger than L2
     chunks_first: bool = True  # grid (chunks, requests): programs that run together write neighbouring output
+    pdl: bool = True  # programmatic dependent launch where available (compiled NVIDIA, sm_90+); else ignored.
+    # With PDL the kernel waits (griddepcontrol.wait) before its first read and then lets the next kernel launch.
+    prefix_u32: bool = False  # the in-kernel prefix sum of seq_lens in uint32 (exact below 2**32) instead of int64
 
 
 # Output size (bytes) above which index stores stream past L2 (".cs"): the H200's L2 holds 50-60 MB.
@@ -399,15 +420,22 @@ STREAMING_STORE_BYTES = 64 << 20
 def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens.
 
-    From the H200 sweep (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2):
+    From the H200 sweeps (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2):
     1024-token chunks and 4 warps were best or within noise of the best at 256 x 4k and 512 x 128k (2048-token
     chunks tied at 256 x 4k and were about 3 % slower at 512 x 128k; 8 warps were slightly faster at 1 x 97k,
     1.45 against 1.52 us, and slower at the other two; fewer programs that stride over chunks were slower);
     the chunks-first grid order took 512 x 128k from about 78 to 72 us; streaming stores helped only there
     (about 75 -> 72 us), where the output is far larger than L2.
+
+    PDL (programmatic dependent launch) only below the streaming threshold: back to back it took 1 x 97k from
+    1.46 to 0.97-1.08 us and 256 x 4k from 2.66-2.89 to 2.27-2.41 us, but made 512 x 128k (65,536 programs)
+    12 % slower, 71 -> 80 us (a store-only kernel lost as much there with PDL: the launch mode, not this
+    kernel). After a kernel that does not trigger its dependents early (a torch ``fill_``), PDL gained nothing
+    measurable: the overlap needs a predecessor that triggers, as this kernel and the decode kernels do.
+    The uint32 prefix sum was within noise of int64 (2.22-2.23 against 2.15-2.26 us at 256 x 4k) and is off.
     """
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
-    return ExpandConfig(block_t=1024, num_warps=4, streaming_stores=streaming)
+    return ExpandConfig(block_t=1024, num_warps=4, streaming_stores=streaming, pdl=not streaming)
 
 
 MAX_BLOCK_R = 1024  # seq_lens summed per step of a program's prefix sum
@@ -422,11 +450,13 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
     chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t), config.max_chunk_programs,
                         2**31 - 1 if chunks_first else GRID_AXIS1_MAX))
     block_r = min(triton.next_power_of_2(max(num_reqs, 16)), MAX_BLOCK_R)
+    pdl = config.pdl and _device.pdl_available(block_table.device)
     _expand_page_indices_kernel[(chunks, num_reqs) if chunks_first else (num_reqs, chunks)](
         block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
-        num_warps=config.num_warps,
+        PREFIX_U32=config.prefix_u32, num_warps=config.num_warps,
+        **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
 
 

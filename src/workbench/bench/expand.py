@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from workbench import expand as E
+from workbench.device import pdl_available as device_pdl_available
 from workbench.bench.common import (copy_bandwidth, kernel_device_us, provenance, require_gpu, time_cuda_graph,
                                     time_eager, write_json)
 
@@ -79,12 +80,21 @@ class Variant:
     cap: int | str | None = None
     indptr_in: bool = False
     chunks_first: bool = True
+    pdl: bool | None = None  # None: expand_config's choice (store_only: no PDL)
+    prefix_u32: bool | None = None  # None: expand_config's choice
 
 
 # What ``--sweep`` times, per case (``expand_config()`` is chosen from such a sweep). "default" runs first and
 # last, so the spread between the two is the noise of the sweep.
 SWEEP: tuple[Variant, ...] = (
     Variant("default"),
+    Variant("no PDL", pdl=False),
+    Variant("PDL on", pdl=True),
+    Variant("prefix int64", prefix_u32=False),
+    Variant("prefix uint32", prefix_u32=True),
+    Variant("1024/2", num_warps=2),
+    Variant("512/2", block_t=512, num_warps=2),
+    Variant("2048/8", block_t=2048, num_warps=8),
     Variant("requests first (grid order)", chunks_first=False),
     Variant("v1 (output-aligned chunks)", kernel="v1"),
     Variant("1024/8", num_warps=8),
@@ -95,6 +105,7 @@ SWEEP: tuple[Variant, ...] = (
     Variant("one wave, striding", cap="wave"),
     Variant("precomputed kv_indptr", indptr_in=True),
     Variant("store only 1024/4", kernel="store_only"),
+    Variant("store only 1024/4 PDL", kernel="store_only", pdl=True),
     Variant("store only 4096/8", kernel="store_only", block_t=4096, num_warps=8),
     Variant("default (again)"),
 )
@@ -139,8 +150,12 @@ def _one_store(x_ptr):  # the smallest kernel: one program, one store
 
 
 @triton.jit
-def _store_only_kernel(out_ptr, n, BLOCK: tl.constexpr):
-    """Writes ``out[i] = i`` for ``i < n``: the same bytes as an expansion of ``n`` tokens, with no loads."""
+def _store_only_kernel(out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Writes ``out[i] = i`` for ``i < n``: the same bytes as an expansion of ``n`` tokens, with no loads.
+    ``PDL``: launched with PDL, it waits for the kernel before (which may still write ``out``) first."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, offs.to(tl.int32), mask=offs < n)
 
@@ -197,7 +212,9 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
         cap = max(1, 16 * sms // num_reqs)
     elif v.cap is not None:
         cap = int(v.cap)
-    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming, v.chunks_first)
+    prefix_u32 = default.prefix_u32 if v.prefix_u32 is None else v.prefix_u32
+    pdl = default.pdl if v.pdl is None else v.pdl
+    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming, v.chunks_first, pdl, prefix_u32)
     if v.kernel == "kernel":
         return (lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, cfg,
                                          indptr_in=v.indptr_in)), cfg
@@ -209,8 +226,9 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
             STORE_CACHE=".cs" if streaming else "", num_warps=v.num_warps)), cfg
     if v.kernel == "store_only":
         n = out.numel()
-        return (lambda: _store_only_kernel[(triton.cdiv(n, v.block_t),)](out, n, BLOCK=v.block_t,
-                                                                          num_warps=v.num_warps)), cfg
+        pdl = v.pdl is True and device_pdl_available(out.device)
+        return (lambda: _store_only_kernel[(triton.cdiv(n, v.block_t),)](
+            out, n, BLOCK=v.block_t, num_warps=v.num_warps, **(dict(PDL=True, launch_pdl=True) if pdl else {}))), cfg
     raise ValueError(f"Variant.kernel must be 'kernel', 'v1' or 'store_only', got {v.kernel!r}")
 
 
@@ -236,6 +254,18 @@ def run_sweep(block_table, seq_lens, K: int, out, max_seq_len: int, nbytes: int,
 def _time_kernel(block_table, seq_lens, K, out, indptr, max_seq_len, config) -> float:
     return time_cuda_graph(lambda: E.expand_page_indices(
         block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=max_seq_len, validate=False, config=config))
+
+
+def _time_after_fill(fn) -> float:
+    """Time of ``fn()`` right after a one-int ``fill_`` (a kernel that does not trigger dependents early), under
+    graph replay: the period of (fill_, fn) pairs less the period of fill_ alone."""
+    x = torch.empty(1, dtype=torch.int32, device=require_gpu())
+
+    def pair() -> None:
+        x.fill_(1)
+        fn()
+
+    return time_cuda_graph(pair) - time_cuda_graph(lambda: x.fill_(1))
 
 
 def _device_us(fn) -> float | None:
@@ -290,6 +320,14 @@ def run_case(num_reqs: int, seq_len: int, K: int = K_DEFAULT, *, copy_gb_s: floa
     res: dict[str, Any] = {"num_reqs": num_reqs, "seq_len": seq_len, "K": K, "tokens": total, "bytes": nbytes,
                            "config": dataclasses.asdict(config)}
     res["kernel_us"] = _time_kernel(block_table, seq_lens, K, out, indptr, seq_len, config)
+    # The same kernel launched without PDL: back to back, a PDL launch overlaps the next call's launch with this
+    # call's run, which is what the graph replay measures. After a kernel that does not trigger its dependents
+    # early, a step sees something in between: kernel_after_fill_us times the expansion right after a one-int
+    # torch fill_ (a graph of (fill_, expansion) pairs, less a graph of fill_ alone).
+    res["kernel_no_pdl_us"] = _time_kernel(block_table, seq_lens, K, out, indptr, seq_len,
+                                           dataclasses.replace(config, pdl=False))
+    res["kernel_after_fill_us"] = _time_after_fill(lambda: E.expand_page_indices(
+        block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=seq_len, validate=False, config=config))
     # A plain fill of a buffer of the same size (not `out`, which the checks below compare): what writing
     # these bytes costs with no indexing at all.
     fill_buf = torch.empty_like(out)
@@ -394,14 +432,14 @@ def format_table(payload: dict[str, Any]) -> str:
         "bytes = 4 * sum(ceil(L/K) + L)   (block-table entries read + 4 B written per token)",
         "",
         f"{'case':>14} {'tokens':>11} {'kernel us':>10} {'GB/s':>7} {'%copy':>6} {'serial us':>10} "
-        f"{'speedup':>8} {'dense us':>9} {'fill us':>8}",
+        f"{'speedup':>8} {'dense us':>9} {'fill us':>8} {'no PDL us':>10} {'after fill_':>12}",
     ]
     for c in payload["cases"]:
         dense = f"{c['dense_us']:9.1f}" if "dense_us" in c else f"{'-':>9}"
         lines.append(
             f"{c['num_reqs']:>5} x {c['seq_len']:<6} {c['tokens']:>11,} {c['kernel_us']:10.2f} {c['kernel_gb_s']:7.0f} "
             f"{100 * c['kernel_frac_copy']:5.1f}% {c['serial_us']:10.2f} {c['speedup_vs_serial']:7.1f}x {dense} "
-            f"{c['fill_same_bytes_us']:8.2f}"
+            f"{c['fill_same_bytes_us']:8.2f} {_cell(c, 'kernel_no_pdl_us', 10)} {_cell(c, 'kernel_after_fill_us', 12)}"
         )
     lines += ["", f"{'bar':36} {'target':>16} {'measured':>10}  verdict"]
     for b in payload["bars"]:
@@ -410,6 +448,11 @@ def format_table(payload: dict[str, Any]) -> str:
     if any("sweep" in c for c in payload["cases"]):
         lines += ["", format_sweep(payload)]
     return "\n".join(lines)
+
+
+def _cell(case: dict[str, Any], key: str, width: int) -> str:
+    """``case[key]`` in us, or '-' (results from before the key existed lack it)."""
+    return f"{case[key]:{width}.2f}" if key in case else f"{'-':>{width}}"
 
 
 def format_sweep(payload: dict[str, Any]) -> str:
