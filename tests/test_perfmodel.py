@@ -368,7 +368,8 @@ def test_missing_measurement_is_reported_not_invented(tmp_path):
 
 def test_expansion_cost_per_step_by_hand():
     expand = {"cases": [{"num_reqs": 1, "seq_len": 97_000, "kernel_us": 2.0, "serial_us": 25.0},
-                        {"num_reqs": 256, "seq_len": 4096, "kernel_us": 3.0, "serial_us": 3.5}]}
+                        {"num_reqs": 256, "seq_len": 4096, "kernel_us": 3.0, "serial_us": 3.5,
+                         "kernel_after_fill_us": 3.25}]}
     decode = {"results": [
         {"heads": 16, "qlen": 1, "batch": 1, "context": 32768, "kv_gb_s": 1000.0},
         {"heads": 16, "qlen": 1, "batch": 128, "context": 4096, "kv_gb_s": 3000.0},
@@ -379,6 +380,8 @@ def test_expansion_cost_per_step_by_hand():
     one, many = rows
     assert one["serial_us_per_step"] == 7 * 25.0 and one["kernel_us_per_step"] == 7 * 2.0
     assert one["decode_ref"]["batch"] == 1 and many["decode_ref"]["batch"] == 128
+    # in a step the expansion follows a kernel that does not trigger PDL early: its after-fill_ time is used
+    assert many["kernel_us_per_call"] == 3.25 and many["kernel_us_per_step"] == 7 * 3.25
     decode_us = 61 * 97_000 * 576 * 2 / 1000e9 * 1e6
     assert one["decode_us_per_step"] == pytest.approx(decode_us)
     assert one["serial_vs_decode"] == pytest.approx(7 * 25.0 / decode_us)

@@ -1019,7 +1019,10 @@ def expansion_cost_per_step(expand: dict[str, Any], decode: dict[str, Any], *, l
     """Per engine step, the index expansion beside the MLA decode it feeds, from H200 measurements.
 
     For each case of ``workbench bench expand`` (``num_reqs`` x ``seq_len``): expansion per step =
-    ``calls_per_step`` x the measured time of the 2-D-grid kernel and of the serial (v0.20) kernel;
+    ``calls_per_step`` x the measured time of the 2-D-grid kernel and of the serial (v0.20) kernel. The
+    kernel's time is the one measured right after a torch kernel (``kernel_after_fill_us``) where the results
+    have it: in a step the expansion follows kernels that do not trigger a PDL launch early, so the launch
+    overlap that back-to-back replay (``kernel_us``) credits it with is not there;
     decode per step = ``layers`` x one decode layer at that batch and context, estimated from the
     measured ``heads``-head qlen-1 decode point nearest in (log batch, log context), scaled by its KV
     bytes (decode is memory-bound there: its effective KV bandwidth is reused). Where the case's context
@@ -1040,9 +1043,10 @@ def expansion_cost_per_step(expand: dict[str, Any], decode: dict[str, Any], *, l
         kv_bytes = b * L * QK_HEAD_DIM * 2
         decode_layer_us = kv_bytes / (ref["kv_gb_s"] * 1e9) * 1e6
         decode_step_us = layers * decode_layer_us
+        kernel_us = case.get("kernel_after_fill_us", case["kernel_us"])
         row = dict(num_reqs=b, seq_len=L, calls_per_step=calls_per_step,
-                   kernel_us_per_call=case["kernel_us"], serial_us_per_call=case["serial_us"],
-                   kernel_us_per_step=calls_per_step * case["kernel_us"],
+                   kernel_us_per_call=kernel_us, serial_us_per_call=case["serial_us"],
+                   kernel_us_per_step=calls_per_step * kernel_us,
                    serial_us_per_step=calls_per_step * case["serial_us"],
                    decode_us_per_step=decode_step_us,
                    decode_ref=dict(batch=ref["batch"], context=ref["context"], kv_gb_s=ref["kv_gb_s"]))
