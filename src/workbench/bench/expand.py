@@ -164,13 +164,19 @@ def _store_only_kernel(out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = Fals
 def _expand_v1_kernel(
     block_table_ptr, block_table_stride, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, STORE_CACHE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The library kernel's first revision, kept for the sweep's comparison: chunks aligned to the OUTPUT.
 
     Every full chunk is then a 16-byte-aligned store, but a program must finish the prefix sum over
     ``seq_lens[:r]`` before it knows which tokens (so which block ids) its chunk holds: the block-id load
-    waits for the prefix sum, two memory latencies in a row before the first store.
+    waits for the prefix sum, two memory latencies in a row before the first store. ``PDL`` as in the
+    library kernel (wait before the first read, then let the next kernel launch), so that the sweep compares
+    the two designs under the same launch.
     """
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(0)
     c = tl.program_id(1)
     n_c = tl.num_programs(1)
@@ -221,9 +227,10 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
     if v.kernel == "v1":
         chunks = max(1, triton.cdiv(max_seq_len, v.block_t) + 1)
         block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
+        v1_pdl = dict(PDL=True, launch_pdl=True) if pdl and device_pdl_available(out.device) else {}
         return (lambda: _expand_v1_kernel[(num_reqs, chunks)](
             block_table, block_table.stride(0), seq_lens, indptr, out, K=K, BLOCK_T=v.block_t, BLOCK_R=block_r,
-            STORE_CACHE=".cs" if streaming else "", num_warps=v.num_warps)), cfg
+            STORE_CACHE=".cs" if streaming else "", num_warps=v.num_warps, **v1_pdl)), cfg
     if v.kernel == "store_only":
         n = out.numel()
         pdl = v.pdl is True and device_pdl_available(out.device)
