@@ -21,9 +21,10 @@ import torch
 from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split")
 
 SCRIPT = """
-import json, torch
+import dataclasses, json, torch
 from workbench import codegen, mla
 out = {}
 for rows, tokens in codegen.DEFAULT_CASES:
@@ -41,6 +42,10 @@ amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="b
 out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
+out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
+small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda")
+out["meta_before_wait"] = codegen.split_kernel_report(dataclasses.replace(small, meta_before_wait=True))
+out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
 print(json.dumps(out))
 """
 
@@ -60,7 +65,7 @@ def reports():
 
 
 def test_every_idx_ahead_default_double_buffers_the_row_gather(reports):
-    defaults = {k: v for k, v in reports.items() if k not in ("old", "amd", "expand", "expand_pdl") and v["idx_ahead"]}
+    defaults = {k: v for k, v in reports.items() if k not in NOT_DEFAULTS and v["idx_ahead"]}
     assert len(defaults) == 4  # 16 and 32 rows, small and large batches
     for label, r in defaults.items():
         assert f"2x{r['block_n']}x512" in r["shared_buffers"], (label, r["shared_buffers"])
@@ -150,9 +155,28 @@ def test_pdl_expansion_reads_nothing_before_its_wait(reports):
     block_table or seq_lens): its PTX must not load from global memory before griddepcontrol.wait, and it lets
     the next kernel launch (griddepcontrol.launch_dependents). Without PDL there is no wait at all."""
     r = reports["expand_pdl"]
-    assert r["has_wait"] and r["global_loads_before_wait"] == 0 and r["has_launch_dependents"], r
+    assert r["has_wait"] and r["global_reads_before_wait"] == 0 and r["launch_dependents_after_wait"], r
     plain = reports["expand"][2]
     assert plain["arch"] == "sm_90" and not plain["has_wait"] and not plain["has_launch_dependents"], plain
-    assert plain["global_loads_before_wait"] > 0  # the count sees the kernel's loads when there is no wait
+    assert plain["global_reads_before_wait"] > 0  # the count sees the kernel's loads when there is no wait
     with pytest.raises(ValueError, match="pdl needs an NVIDIA target"):
         codegen.expand_kernel_report("gfx942", pdl=True)
+
+
+def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):
+    """The NVIDIA defaults launch both decode kernels with PDL. The split kernel may start while the kernel before
+    it (the previous layer's projection, the index expansion, the last call's merge) still runs, and the merge
+    while the split kernel runs: neither may read global memory before griddepcontrol.wait. Each lets its
+    dependents launch only after its own wait, so a kernel that starts early behind it knows every earlier kernel
+    has finished. meta_before_wait (opt-in) does read before the wait, and the check sees it."""
+    defaults = {k: v for k, v in reports.items() if k not in NOT_DEFAULTS}
+    assert len(defaults) == len(codegen.DEFAULT_CASES)
+    for label, r in defaults.items():
+        assert r["has_wait"] and r["global_reads_before_wait"] == 0, (label, r)
+        assert r["launch_dependents_after_wait"], (label, r)
+    merge_pdl, merge_plain = reports["merge"]
+    assert merge_pdl["has_wait"] and merge_pdl["global_reads_before_wait"] == 0, merge_pdl
+    assert merge_pdl["launch_dependents_after_wait"], merge_pdl
+    assert not merge_plain["has_wait"] and merge_plain["global_reads_before_wait"] > 0, merge_plain
+    assert reports["meta_before_wait"]["global_reads_before_wait"] > 0, reports["meta_before_wait"]
+    assert not reports["no_pdl_split"]["has_wait"], reports["no_pdl_split"]

@@ -431,6 +431,64 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
+def test_gpu_steps_expand_then_decode_in_one_graph():
+    """A serving step's chain, six steps in one CUDA graph: torch copies write the step's block table, seq_lens
+    and q; the index expansion (PDL-launched on sm_90+, it lets its dependents launch early) writes kv_indptr and
+    kv_indices; the decode's split kernel (PDL-launched, it waits before its first read) reads them at once.
+    Every step has other tables and lengths, so a decode that read the previous step's indices, or a half-written
+    index buffer, would be wrong: each step's output must match the golden on that step's own inputs."""
+    from workbench import expand as E
+
+    K, R, H, max_blocks, steps, scale = 16, 6, 16, 40, 6, 0.07
+    g = torch.Generator().manual_seed(21)
+    num_blocks = 1 + R * max_blocks
+    cache = torch.randn(num_blocks, K, D, generator=g).to(torch.bfloat16)
+    cache[0] = float("nan")  # block 0 is never handed out
+    cache = cache.cuda()
+    tables, lens, qs = [], [], []
+    for _ in range(steps):
+        tables.append((1 + torch.randperm(num_blocks - 1, generator=g)).to(torch.int32).reshape(R, max_blocks))
+        lens.append(torch.randint(1, max_blocks * K + 1, (R,), generator=g, dtype=torch.int32))
+        qs.append(torch.randn(R, H, D, generator=g).to(torch.bfloat16))
+    src = [(t.cuda(), n.cuda(), q.cuda()) for t, n, q in zip(tables, lens, qs)]
+    block_table = torch.zeros(R, max_blocks, dtype=torch.int32, device="cuda")
+    seq_lens = torch.zeros(R, dtype=torch.int32, device="cuda")
+    q = torch.zeros(R, H, D, dtype=torch.bfloat16, device="cuda")
+    qo_indptr = torch.arange(R + 1, dtype=torch.int32, device="cuda")
+    kv_indices = torch.zeros(R * max_blocks * K, dtype=torch.int32, device="cuda")
+    kv_indptr = torch.zeros(R + 1, dtype=torch.int32, device="cuda")
+    outs = torch.zeros(steps, R, H, DV, dtype=torch.bfloat16, device="cuda")
+    lses = []
+
+    def run_steps():
+        lses.clear()
+        for i, (t, n, qi) in enumerate(src):
+            block_table.copy_(t)
+            seq_lens.copy_(n)
+            q.copy_(qi)
+            E.expand_page_indices(block_table, seq_lens, K, out=kv_indices, kv_indptr=kv_indptr,
+                                  max_seq_len=max_blocks * K, validate=False)
+            lses.append(mla.mla_decode_triton(q, cache.view(-1, 1, 1, D), qo_indptr, kv_indptr, kv_indices, 1, scale,
+                                              out=outs[i])[1])
+
+    run_steps()  # compiles outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_steps()
+    for _ in range(2):
+        outs.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (t, n, qi) in enumerate(zip(tables, lens, qs)):
+            ref_indices, ref_indptr = E.expand_page_indices_ref(t, n, K)
+            case = dict(q=qi.cuda(), kv_cache=cache.view(-1, D), qo_indptr=qo_indptr, kv_indptr=ref_indptr.cuda(),
+                        kv_indices=ref_indices.cuda())
+            check_against_golden(case, outs[i], lses[i], torch.bfloat16, scale, f"step {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
 @pytest.mark.parametrize("qlen", [1, 2, 3, 8])
 def test_triton_gpu_fp32_every_row_class(qlen):
     """fp32 rows are twice as wide in shared memory: the defaults must still fit for every row count."""

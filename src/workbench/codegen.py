@@ -83,6 +83,26 @@ def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 
+# PTX instructions that read global memory: loads, asynchronous copies into shared memory, prefetches
+_GLOBAL_READ = re.compile(r"\b(?:ld\.global|cp\.async\.(?:ca|cg)|cp\.async\.bulk|prefetch\.global|prefetch\.L2)")
+
+
+def pdl_report(ptx: str) -> dict[str, Any]:
+    """PDL facts of a kernel's PTX: ``has_wait`` (``griddepcontrol.wait``), ``global_reads_before_wait`` (global
+    loads, asynchronous copies and prefetches that come before the first wait in the PTX text; all of them when
+    there is no wait; a PDL-launched kernel that reads before its wait may see what the kernel before it has not
+    finished writing), ``has_launch_dependents`` and ``launch_dependents_after_wait`` (the first trigger comes
+    after the first wait: then a kernel that starts early behind this one knows that every kernel before this one
+    has finished, which is what makes ``meta_before_wait`` safe when only the kernel right before it is known not
+    to write the metadata)."""
+    wait = ptx.find("griddepcontrol.wait")
+    trigger = ptx.find("griddepcontrol.launch_dependents")
+    return {"has_wait": wait >= 0,
+            "global_reads_before_wait": len(_GLOBAL_READ.findall(ptx[:wait] if wait >= 0 else ptx)),
+            "has_launch_dependents": trigger >= 0,
+            "launch_dependents_after_wait": trigger >= 0 and wait >= 0 and trigger > wait}
+
+
 def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, target: tuple) -> Any:
     """The compiled split kernel for ``target`` (a GPUTarget tuple), specialised as the library launches it
     with more than one split."""
@@ -151,12 +171,24 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
                       targets[arch], dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
     if arch == "sm_90":
-        ptx = kernel.asm["ptx"]
-        wait = ptx.find("griddepcontrol.wait")
-        report["has_wait"] = wait >= 0
-        report["global_loads_before_wait"] = len(re.findall(r"\bld\.global", ptx[:wait] if wait >= 0 else ptx))
-        report["has_launch_dependents"] = "griddepcontrol.launch_dependents" in ptx
+        report.update(pdl_report(kernel.asm["ptx"]))
     return report
+
+
+def merge_kernel_report(pdl: bool = True, dtype: str = "bf16") -> dict[str, Any]:
+    """Compile the decode's second-kernel merge for Hopper as the library launches it with PDL (waiting for the
+    split kernel, then letting the next call's split kernel launch) and report :func:`pdl_report`."""
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    _require_compiled()
+    from workbench import mla
+    runtime = {"MID_O": "*fp32", "MID_LSE": "*fp32", "OUT": f"*{dtype}", "LSE": "*fp32", "total_rows": "i32",
+               "num_splits": "i32"}
+    consts = dict(BLOCK_R=16, BLOCK_D=16, SPLIT_CHUNK=8, D_LATENT=mla.KV_LORA_RANK, GDC_WAIT=pdl,
+                  LAUNCH_DEPENDENTS=pdl, TRACE_BUF=None, TRACE=False)
+    kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"}, HOPPER,
+                      dict(num_warps=4))
+    return dict(pdl_report(kernel.asm["ptx"]), pdl=pdl)
 
 
 def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
@@ -190,6 +222,7 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
         "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
         "ptx_lines": ptx.count("\n"),
         "loop_order": order,
+        **pdl_report(ptx),
         "triton": triton.__version__,
     }
 
