@@ -21,14 +21,14 @@ import torch
 from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split")
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split", "gluon")
 
 SCRIPT = """
 import dataclasses, json, torch
 from workbench import codegen, mla
 out = {}
 for rows, tokens in codegen.DEFAULT_CASES:
-    cfg = mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda")
+    cfg = mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda", gluon=False)
     out[cfg.label] = dict(codegen.split_kernel_report(cfg), block_n=cfg.block_n, idx_ahead=cfg.idx_ahead)
 old = mla.TritonConfig(16, 64, 4, 2, programs_per_sm=2)  # the 16-row default before idx_ahead (chapter 3)
 out["old"] = dict(codegen.split_kernel_report(old), block_n=64, idx_ahead=False)
@@ -37,13 +37,14 @@ for dt, torch_dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32",
     for rows in (16, 32, 64, 128):
         cfg = mla.triton_config(rows, torch_dt, backend="hip")
         amd.append(dict(codegen.amd_kernel_report(cfg, heads=16, dtype=dt), rows=rows, dtype=dt))
-nv_small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda")
+nv_small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="bf16", nvidia_default=True))
 out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
-small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda")
+small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
+out["gluon"] = [codegen.gluon_kernel_report(direct=d) for d in (False, True)]
 out["meta_before_wait"] = codegen.split_kernel_report(dataclasses.replace(small, meta_before_wait=True))
 out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
 print(json.dumps(out))
@@ -180,3 +181,16 @@ def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):
     assert not merge_plain["has_wait"] and merge_plain["global_reads_before_wait"] > 0, merge_plain
     assert reports["meta_before_wait"]["global_reads_before_wait"] > 0, reports["meta_before_wait"]
     assert not reports["no_pdl_split"]["has_wait"], reports["no_pdl_split"]
+
+
+def test_gluon_split_kernel_fits_and_keeps_its_schedule(reports):
+    """workbench.mla_gluon's split kernel, compiled for Hopper on any machine: no spills, shared memory within an
+    H200 program's 227 KB (the query tile and two 64-row buffers, 216 KB, plus the softmax's exchange), 40 wgmma
+    (36 for q k^T over 576 values, 4 for P V), and a cp.async wait that leaves one group in flight (the next tile's
+    copies run during this tile's math: the point of the kernel)."""
+    for r in reports["gluon"]:
+        assert r["spill_bytes"] == 0 and r["regs"] <= 255, r
+        assert 216 * 1024 <= r["shared"] <= codegen.GLUON_SMEM_LIMIT, r
+        assert r["wgmma"] == 40 and 1 in r["cp_async_wait"], r
+    with pytest.raises(ValueError, match="16-bit only"):
+        codegen.gluon_kernel_report(dtype="fp32")

@@ -346,7 +346,7 @@ def test_balanced_programs_follow_the_slots_and_small_batches():
 def test_kernel_variants_gpu(variant, qlen):
     kv = [max(n, qlen) for n in GPU_KV_LENS_VARIANTS]
     case = make_case([qlen] * len(kv), kv, 16, dtype=torch.bfloat16, device="cuda", seed=qlen)
-    base = mla.triton_config(qlen * 16, torch.bfloat16)
+    base = mla.triton_config(qlen * 16, torch.bfloat16, gluon=False)  # the Triton kernel's switches
     if variant == "max_regs" and base.block_m * 512 // (32 * base.num_warps) + 32 > 128:
         with pytest.raises(ValueError, match="max_regs is 128"):  # no room for this tile's accumulator
             dataclasses.replace(base, **VARIANTS[variant])
@@ -403,7 +403,7 @@ def test_triton_gpu_ragged_and_cuda_graph(dtype, fused_merge):
     """Ragged query lengths, both merge designs, and CUDA-graph replays giving the eager answer."""
     case = make_case([1, 4, 7, 2], [300, 5000, 7, 64], 16, dtype=dtype, device="cuda", seed=11)
     md = metadata_of(case)
-    cfg = dataclasses.replace(mla.triton_config(7 * 16, dtype), fused_merge=fused_merge)
+    cfg = dataclasses.replace(mla.triton_config(7 * 16, dtype, gluon=False), fused_merge=fused_merge)
     args = (case["q"], case["kv_cache"], md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_qo_len, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=8)
     check_against_golden(case, eager_out, eager_lse, dtype, 0.07, f"ragged {dtype} fused={fused_merge}")
@@ -421,12 +421,46 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
     eagerly and under CUDA-graph replay."""
     case = make_case([qlen] * 5, [max(n, qlen) for n in GPU_KV_LENS], 16, dtype=torch.bfloat16, device="cuda",
                      seed=qlen)
-    cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16, batch_tokens), pdl=bool(pdl),
+    cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16, batch_tokens, gluon=False), pdl=bool(pdl),
                               pdl_split=pdl in ("split", "meta"), meta_before_wait=pdl == "meta")
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=6)
     check_against_golden(case, eager_out, eager_lse, torch.bfloat16, 0.07, f"{cfg.label} qlen {qlen}")
     assert_graph_replays_equal(lambda out: mla.mla_decode_triton(*args, config=cfg, num_splits=6, out=out), eager_out)
+
+
+GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="the gluon split kernel needs an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
+                                            (16, [16, 7, 1])])
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
+    """The gluon split kernel: 64-row programs (two of them for 128 heads, a partly empty one for 48 rows),
+    ragged and causal query lengths, splits that are empty or end inside a tile, lengths 1..4099, against the
+    golden; NaN in every unused cache row."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    out, lse = mla.mla_decode_triton(*args, config=GLUON, num_splits=num_splits)
+    check_against_golden(case, out, lse, dtype, 0.07, f"gluon H{heads} q{qo_lens} s{num_splits} {dtype}")
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=GLUON, num_splits=num_splits, out=o), out)
+
+
+def test_gluon_config_is_checked():
+    with pytest.raises(ValueError, match="gluon needs block_m=64"):
+        mla.TritonConfig(16, 64, 8, 2, gluon=True)
+    with pytest.raises(ValueError, match="gluon replaces the Triton split kernel"):
+        mla.TritonConfig(64, 64, 8, 2, gluon=True, idx_ahead=True)
+    if not ON_GPU:
+        case = make_case([1], [5], 64, dtype=torch.float16, device=DEV)
+        with pytest.raises(ValueError, match="needs compiled Triton on an NVIDIA GPU"):
+            mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                  case["kv_indices"], 1, 0.07, config=GLUON)
 
 
 @pytest.mark.gpu
@@ -507,6 +541,13 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
     assert all(c.idx_ahead and c.pdl and c.pdl_split and not c.meta_before_wait for c in (small, large))
     assert mla.triton_config(32, torch.bfloat16).block_m == 32 and mla.triton_config(33, torch.bfloat16).block_m == 64
+    # more than 32 rows, 16-bit, on Hopper: the gluon kernel (asked for here; by default only where one is present)
+    assert mla.triton_config(33, torch.bfloat16, gluon=True) == mla.GLUON_CONFIG
+    assert mla.triton_config(33, torch.bfloat16, gluon=False).gluon is False
+    assert not mla.triton_config(32, torch.bfloat16, gluon=True).gluon  # 32 rows: the Triton tile
+    assert not mla.triton_config(64, torch.float32, gluon=True).gluon  # fp32: the Triton tile
+    assert not mla.triton_config(64, torch.bfloat16, backend="hip", gluon=True).gluon  # ROCm tiles
+    assert mla.triton_config(64, torch.bfloat16).gluon == mla.gluon_available()
     for rows in (1, 16, 17, 64, 2048):  # fp32: 32-token tiles of <= 32 rows (shared memory)
         c = mla.triton_config(rows, torch.float32, 1000)
         assert c.block_n == 32 and c.block_m <= 32 and c.num_stages == 3
@@ -678,8 +719,8 @@ def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
     for extra in (["--explore", "3"], ["--layouts"], ["--quick"], ["--trace"]):
         assert cli.main(["bench", "decode", "--out", "/dev/null", *extra]) == 2
         assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # argparse: rounds are 1-19
-        cli.main(["bench", "decode", "--explore", "20"])
+    with pytest.raises(SystemExit):  # argparse: rounds are 1-20
+        cli.main(["bench", "decode", "--explore", "21"])
 
 
 def test_cache_pool_runs_keep_blocks_contiguous():
@@ -818,7 +859,7 @@ def test_trace_stamps_are_ordered_and_complete(qlen, heads, pdl_split):
     (what griddepcontrol.wait promises), as does the next call's split kernel after the merge with pdl_split."""
     kv = [max(n, qlen) for n in (1, 100, 1000, 4099)]
     case = make_case([qlen] * len(kv), kv, heads, dtype=torch.bfloat16, device="cuda", seed=5)
-    cfg = dataclasses.replace(mla.triton_config(qlen * heads, torch.bfloat16), pdl_split=bool(pdl_split),
+    cfg = dataclasses.replace(mla.triton_config(qlen * heads, torch.bfloat16, gluon=False), pdl_split=bool(pdl_split),
                               meta_before_wait=pdl_split == "meta")
     splits = 5
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)

@@ -59,7 +59,7 @@ def _require_compiled() -> None:
 
 
 def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible: set[str], target: tuple,
-             options: dict[str, Any]) -> Any:
+             options: dict[str, Any], source: Any = None) -> Any:
     """Compile the @triton.jit ``fn`` for ``target`` (a GPUTarget tuple): ``runtime`` gives the Triton type of
     each runtime argument, ``consts`` the value of compile-time ones (else their default), and the arguments in
     ``divisible`` are specialised as multiples of 16, as a real launch with aligned tensors does."""
@@ -79,7 +79,7 @@ def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible
             raise ValueError(f"no value for the compile-time argument {name!r} of {fn.__name__}")
         constexprs[(i,)] = value
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in divisible}
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    src = (source or ASTSource)(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 
@@ -191,6 +191,53 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16") -> dict[str, Any]
     return dict(pdl_report(kernel.asm["ptx"]), pdl=pdl)
 
 
+GLUON_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on an H100/H200 (227 KB)
+
+
+def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16") -> dict[str, Any]:
+    """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
+    report ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes; the limit is :data:`GLUON_SMEM_LIMIT`),
+    ``wgmma`` (``wgmma.mma_async`` instructions: 36 for q k^T over 576 values in k-steps of 16, 4 for P V) and
+    ``cp_async_wait`` (the ``cp.async.wait_group`` counts: 1 in the loop, the next tile's copies in flight while
+    this one is used)."""
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernel is 16-bit only), got {dtype!r}")
+    _require_compiled()
+    import triton
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from workbench import mla_gluon
+
+    fn = mla_gluon.mla_decode_gluon_split_kernel
+    runtime = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+               "OUT": f"*{dtype}" if direct else "*fp32", "LSE": "*fp32", "stride_kv": "i32", "total_rows": "i32",
+               "qk_scale": "fp32", "num_splits": "i32"}
+    consts = dict(NUM_HEADS=heads, DIRECT=direct, D_LATENT=512, D_ROPE=64)
+    kernel = _compile(fn, runtime, consts, {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE",
+                                            "stride_kv"}, HOPPER, dict(num_warps=mla_gluon.NUM_WARPS),
+                      source=GluonASTSource)
+    ptx = kernel.asm["ptx"]
+    regs, spills = _ptxas_usage(ptx, "gluon")
+    return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+            "cp_async_wait": sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
+            "triton": triton.__version__}
+
+
+def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:
+    """(registers, spilled bytes) of ``ptx`` from the bundled ``ptxas -v``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([_ptxas(), "-v", f"-arch={arch}", path, "-o", os.path.join(tmp, f"{name}.cubin")],
+                             capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"ptxas failed for {name}: {res.stderr[-2000:]}")
+    regs = re.findall(r"Used (\d+) registers", res.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    return (int(regs[-1]) if regs else None), (int(spills[-1]) if spills else 0)
+
+
 def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
                         arch: str = "sm_90a") -> dict[str, Any]:
     """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
@@ -204,20 +251,11 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
     kernel = _compile_split(cfg, heads, dtype, pdl_split, HOPPER)
     ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
     order = loop_order(ttgir)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "split.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        res = subprocess.run([_ptxas(), "-v", f"-arch={arch}", path, "-o", os.path.join(tmp, "split.cubin")],
-                             capture_output=True, text=True, check=False)
-    if res.returncode:
-        raise RuntimeError(f"ptxas failed for {cfg.label}: {res.stderr[-2000:]}")
-    regs = re.findall(r"Used (\d+) registers", res.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    regs, spills = _ptxas_usage(ptx, cfg.label.replace(" ", "_"), arch)
     return {
         "label": cfg.label,
-        "regs": int(regs[-1]) if regs else None,
-        "spill_bytes": int(spills[-1]) if spills else 0,
+        "regs": regs,
+        "spill_bytes": spills,
         "shared_buffers": sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)", ttgir))),
         "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
         "ptx_lines": ptx.count("\n"),
@@ -267,8 +305,9 @@ def main() -> None:  # pragma: no cover - a command-line view of the same report
     from workbench import mla
 
     for rows, tokens in DEFAULT_CASES:
-        print(json.dumps(split_kernel_report(mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda"),
-                                             heads=16)))
+        print(json.dumps(split_kernel_report(mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda",
+                                                               gluon=False), heads=16)))
+    print(json.dumps(gluon_kernel_report()))
     for rows in (16, 32, 64):
         print(json.dumps(amd_kernel_report(mla.triton_config(rows, torch.bfloat16, backend="hip"), heads=16)))
 

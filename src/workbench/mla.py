@@ -59,6 +59,7 @@ __all__ = [
     "QK_ROPE_HEAD_DIM",
     "DecodeExample",
     "DecodeOutput",
+    "GLUON_CONFIG",
     "PageIndexMistake",
     "TritonConfig",
     "aiter_unsupported_reasons",
@@ -67,6 +68,7 @@ __all__ = [
     "choose_num_splits",
     "default_splits",
     "default_sm_scale",
+    "gluon_available",
     "demo_page_indices_as_token_indices",
     "make_decode_example",
     "mla_decode",
@@ -884,8 +886,17 @@ class TritonConfig:
     meta_before_wait: bool = False  # pdl_split: read qo_indptr, kv_indptr and the first tile's kv_indices before
     #                                 the PDL wait (they must not be written by the kernel just before this call)
     l2_ahead: int = 0  # idx_ahead only: L2 prefetch of the rows this many tiles ahead (compiled NVIDIA only)
+    gluon: bool = False  # the split kernel of workbench.mla_gluon (Hopper, 16-bit, 64x64 w8; copies of the next
+    #                      tile issued before the math of this one) instead of the Triton one
 
     def __post_init__(self) -> None:
+        if self.gluon and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
+            raise ValueError(f"gluon needs block_m=64, block_n=64, num_warps=8 (the one tile workbench.mla_gluon "
+                             f"has), got {self.block_m}x{self.block_n} w{self.num_warps}")
+        if self.gluon and (self.balanced or self.fused_merge or self.pdl_split or self.idx_ahead
+                           or self.warp_specialize or self.swap_ab or self.prefetch):
+            raise ValueError("gluon replaces the Triton split kernel: balanced, fused_merge, pdl_split, idx_ahead, "
+                             "warp_specialize, swap_ab and prefetch do not apply to it")
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
             raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
                              f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
@@ -934,11 +945,12 @@ class TritonConfig:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
-                self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait)
+                self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon)
 
     @property
     def label(self) -> str:
-        return (("bal " if self.balanced else "") + ("swap " if self.swap_ab else "") + ("pf " if self.prefetch else "")
+        return (("gluon " if self.gluon else "") + ("bal " if self.balanced else "") + ("swap " if self.swap_ab else "")
+                + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
                 + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "") + (str(self.idx_dist) if self.idx_dist > 1 else "")
                 + (f" ip{self.idx_prefetch}" if self.idx_prefetch else "")
@@ -1031,8 +1043,18 @@ def rocm_triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     return TritonConfig(block_m=64, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
 
 
+GLUON_CONFIG = TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1, pdl=True,
+                            gluon=True)
+
+
+def gluon_available() -> bool:
+    """The gluon split kernel can run here: compiled Triton on an NVIDIA GPU of compute capability 9.0+."""
+    return (torch.cuda.is_available() and torch.version.hip is None and not device.interpreter_active()
+            and torch.cuda.get_device_capability()[0] >= 9)
+
+
 def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *,
-                  backend: str | None = None) -> TritonConfig:
+                  backend: str | None = None, gluon: bool | None = None) -> TritonConfig:
     """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows and a batch of
     ``total_tokens`` KV tokens (an upper bound is fine, such as ``kv_indices.numel()``; None: a large batch).
     ``backend``: ``"cuda"`` or ``"hip"`` (default: the one this torch was built for); ROCm gets
@@ -1049,7 +1071,10 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       programs per SM; for small batches (at most ``SMALL_BATCH_TOKENS`` tokens) 16x64 tiles on 8 warps,
       3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10);
     * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
-    * more rows (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
+    * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``, None: when one is present), 16-bit:
+      :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
+      198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below);
+    * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
       tiles; ``idx_ahead`` there (which needs 2 stages to fit) was mixed in rounds 8-9: 3-4 % faster at 128
       heads, about 3 % slower at qlen 8, so it stays off.
@@ -1069,6 +1094,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     backend = backend or ("hip" if torch.version.hip is not None else "cuda")
     if backend not in ("cuda", "hip"):
         raise ValueError(f"backend must be 'cuda' or 'hip', got {backend!r}")
+    if gluon is None:
+        gluon = backend == "cuda" and gluon_available()
     if device.interpreter_active():
         return TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, split_overhead_tokens=16,
                             merge_overhead_tokens=8, programs_per_sm=1, max_splits=4, merge_block_r=16,
@@ -1088,6 +1115,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
                                 idx_ahead=True, pdl=True, pdl_split=True)
         return TritonConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=3, programs_per_sm=2,
                             idx_ahead=True, pdl=True, pdl_split=True)
+    if gluon:
+        return GLUON_CONFIG
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
                         pdl_split=True)
 
@@ -1217,6 +1246,11 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     if cfg.balanced:  # num_splits is the number of programs per row block
         _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits)
         return out, lse
+    if cfg.gluon:
+        if trace is not None:
+            raise ValueError("trace is not available for the gluon split kernel (it is not instrumented)")
+        _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks)
+        return out, lse
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and device.pdl_available(q.device)
     pdl_split = cfg.pdl_split and device.pdl_available(q.device)
@@ -1257,6 +1291,41 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
                                          D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
                                          **merge_opts)
     return out, lse
+
+
+def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks) -> None:
+    """The split kernel of :mod:`workbench.mla_gluon`, then (more than one split) the second-kernel merge."""
+    if not (device.compiled_nvidia(q.device) and torch.cuda.get_device_capability(q.device)[0] >= 9):
+        raise ValueError(f"TritonConfig(gluon=True) needs compiled Triton on an NVIDIA GPU of compute capability "
+                         f"9.0 or newer (it is written with Hopper's wgmma); this call runs on {q.device} with the "
+                         f"interpreter {'on' if device.interpreter_active() else 'off'}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"TritonConfig(gluon=True) takes float16 or bfloat16 q, got {q.dtype}")
+    from workbench import mla_gluon
+
+    total_q, heads, _ = q.shape
+    num_reqs = qo_indptr.numel() - 1
+    total_rows = total_q * heads
+    grid = (row_blocks, num_splits, num_reqs)
+    common = dict(NUM_HEADS=heads, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=mla_gluon.NUM_WARPS)
+    if num_splits == 1:
+        compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](
+            q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, cache.stride(0), total_rows, scale * _LOG2E,
+            num_splits, DIRECT=True, **common)
+        _note_compiled(cfg, compiled)
+        return
+    mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
+    compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](
+        q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, cache.stride(0), total_rows, scale * _LOG2E,
+        num_splits, DIRECT=False, **common)
+    _note_compiled(cfg, compiled)
+    br, bd = cfg.merge_tile(total_rows)
+    merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
+    _mla_decode_merge_kernel[(triton.cdiv(total_rows, br), KV_LORA_RANK // bd)](
+        mid_o, mid_lse, out, lse, total_rows, num_splits, BLOCK_R=br, BLOCK_D=bd,
+        SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk), D_LATENT=KV_LORA_RANK,
+        num_warps=4, **merge_opts)
 
 
 def merge_programs(total_rows: int, cfg: TritonConfig) -> int:

@@ -338,6 +338,20 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 20:
+        # workbench.mla_gluon: the 64-row split kernel written in Gluon, so that the copies of tile i+1 are issued
+        # before the math of tile i (Triton's pipeliner issues them after it), against the 64-row default at the
+        # compute-bound bar points, and the 16-head qlen-1 defaults there for the qlen ratios.
+        bf = torch.bfloat16
+        glu = tc(64, 64, 8, 2, programs_per_sm=1, gluon=True, pdl=True)
+        big = [("64 rows default", mla.triton_config(64, bf, gluon=False)), ("gluon 64x64 w8", glu)]
+        big_points = [((128, 1, 64, 4096), [None])] + [((16, q, b, l), [None]) for q in (4, 8)
+                                                         for b, l in QLEN_PAIRS]
+        mem = [(f"16 default B{b} L{l}", mla.triton_config(16, bf, b * l)) for b, l in QLEN_PAIRS]
+        cases = [(lab, cfg, (16, 1, b, l), [None]) for (lab, cfg), (b, l) in zip(mem, QLEN_PAIRS)]
+        cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
+        cases.append(big[0] + big_points[0])  # the default again at the end: run-to-run drift
+        return cases
     elif round_ == 19:
         # The trace: the merge adds 3.0 us after the last split program exits at B=16 L=4k, 2.5 us of it
         # after its PDL wait, for 4 MB of partials. Other merge tiles (rows x columns per program).
@@ -362,7 +376,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
         big = []
-        for cfg in (_before_pdls(mla.triton_config(32, bf, 65536)), _before_pdls(mla.triton_config(64, bf))):
+        for cfg in (_before_pdls(mla.triton_config(32, bf, 65536)), _before_pdls(mla.triton_config(64, bf, gluon=False))):
             p = dataclasses.replace(cfg, pdl_split=True)
             big += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
         big_points = [((16, 2, 16, 4096), [None]), ((128, 1, 64, 4096), [None]), ((16, 4, 16, 4096), [None])]
@@ -421,7 +435,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
             mem.append((cfg.label, cfg))
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None])]
-        big64 = _before_pdls(mla.triton_config(64, bf))
+        big64 = _before_pdls(mla.triton_config(64, bf, gluon=False))
         big = [("64 rows", big64), ("64 rows pdls", dataclasses.replace(big64, **ps))]
         big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None])]
         old = mem[0]
@@ -433,7 +447,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("16 large", large), ("16 large fused", dataclasses.replace(large, **fz))]
         mem_points = [((16, 1, 16, 4096), [None, 8]), ((16, 1, 64, 4096), [None]), ((16, 1, 64, 32768), [None]),
                       ((16, 1, 128, 8192), [None]), ((16, 1, 1, 32768), [None, 32, 64]), ((16, 1, 128, 1024), [None])]
-        big64 = mla.triton_config(64, bf)
+        big64 = mla.triton_config(64, bf, gluon=False)
         big = [("64 rows", big64), ("64 rows fused", dataclasses.replace(big64, **fz))]
         big_points = [((16, 4, 16, 4096), [None]), ((16, 8, 16, 4096), [None]), ((128, 1, 64, 4096), [None])]
         old = mem[0]
@@ -454,7 +468,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None])]
         ia64 = tc(64, 64, 8, 2, programs_per_sm=1, idx_ahead=True, pdl=True)
-        big = [("64 rows", mla.triton_config(64, bf)), ("64x64 w8 s2 ia", ia64),
+        big = [("64 rows", mla.triton_config(64, bf, gluon=False)), ("64x64 w8 s2 ia", ia64),
                ("64x64 w8 s2 ia l2+2", dataclasses.replace(ia64, l2_ahead=2))]
         big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None])]
         old = mem[0]
@@ -467,7 +481,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 128, 1024), [None]), ((16, 1, 128, 2048), [None]),
                       ((16, 1, 1, 32768), [None]), ((16, 1, 32, 8192), [None])]
-        big64 = mla.triton_config(64, bf)
+        big64 = mla.triton_config(64, bf, gluon=False)
         small32, large32 = mla.triton_config(32, bf, 65536), mla.triton_config(32, bf)
         big = [("64 rows", big64), ("64 rows no pdl", dataclasses.replace(big64, **nopdl)),
                ("32 small", small32), ("32 large", large32)]
@@ -810,7 +824,7 @@ def trace_run(out: str, log=print) -> None:
     pool = CachePool(max(b * l for _, _, b, l in TRACE_POINTS), torch.bfloat16, dev)
     rows = []
     for h, q, b, l in TRACE_POINTS:
-        base = mla.triton_config(q * h, torch.bfloat16, b * l)
+        base = mla.triton_config(q * h, torch.bfloat16, b * l, gluon=False)  # only the Triton kernel is traced
         cfgs = [dataclasses.replace(base, pdl_split=False, meta_before_wait=False),
                 dataclasses.replace(base, pdl_split=True, meta_before_wait=False),
                 dataclasses.replace(base, pdl_split=True, meta_before_wait=True)]
