@@ -548,6 +548,8 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert not mla.triton_config(64, torch.float32, gluon=True).gluon  # fp32: the Triton tile
     assert not mla.triton_config(64, torch.bfloat16, backend="hip", gluon=True).gluon  # ROCm tiles
     assert mla.triton_config(64, torch.bfloat16).gluon == mla.gluon_available()
+    monkeypatch.setattr(mla.triton, "__version__", "3.5.1")  # an older Gluon: never chosen by default
+    assert not mla.gluon_available() and not mla.triton_config(64, torch.bfloat16).gluon
     for rows in (1, 16, 17, 64, 2048):  # fp32: 32-token tiles of <= 32 rows (shared memory)
         c = mla.triton_config(rows, torch.float32, 1000)
         assert c.block_n == 32 and c.block_m <= 32 and c.num_stages == 3

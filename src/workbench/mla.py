@@ -1047,10 +1047,18 @@ GLUON_CONFIG = TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, p
                             gluon=True)
 
 
+GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; the kernel ran with 3.6 (H200) and compiles with 3.7 (CI)
+
+
 def gluon_available() -> bool:
-    """The gluon split kernel can run here: compiled Triton on an NVIDIA GPU of compute capability 9.0+."""
-    return (torch.cuda.is_available() and torch.version.hip is None and not device.interpreter_active()
-            and torch.cuda.get_device_capability()[0] >= 9)
+    """The gluon split kernel can run here: compiled Triton of version :data:`GLUON_MIN_TRITON` or newer (older
+    Gluon APIs differ) on an NVIDIA GPU of compute capability 9.0+."""
+    try:
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (version >= GLUON_MIN_TRITON and torch.cuda.is_available() and torch.version.hip is None
+            and not device.interpreter_active() and torch.cuda.get_device_capability()[0] >= 9)
 
 
 def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *,
