@@ -288,6 +288,22 @@ def _check_runs_here(t: torch.Tensor) -> None:
 
 
 @triton.jit
+def pdl_wait_then_release():
+    """The prologue of a PDL-launched kernel here. Launched with PDL, a grid may start while the kernel before
+    it still runs (its programs become resident early: the launch cost overlaps that kernel), so it reads
+    nothing before ``griddepcontrol.wait``, which returns once that kernel has finished and its stores are
+    visible. Then it lets the next kernel be scheduled; a dependent waits in turn for this whole grid (stores
+    included) before it reads anything. Compiled NVIDIA sm_90+ only (call it under a ``PDL`` constexpr)."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+def pdl_launch_options(pdl: bool) -> dict[str, Any]:
+    """Launch keywords of a kernel with a ``PDL`` constexpr: launched with PDL (and its prologue on) or not."""
+    return dict(PDL=True, launch_pdl=True) if pdl else {}
+
+
+@triton.jit
 def _chunk_indices(row, max_blocks, tok0, K: tl.constexpr, BLOCK_T: tl.constexpr):
     """Flat rows of tokens ``tok0 .. tok0 + BLOCK_T - 1`` of one request: ``(BLOCK_T,) int32``.
 
@@ -348,14 +364,8 @@ def _expand_page_indices_kernel(
         c = tl.program_id(1)
         n_c = tl.num_programs(1)
     row = block_table_ptr + r.to(tl.int64) * block_table_stride
-    if PDL:
-        # Launched with PDL, this grid may start while the kernel before it is still running (its programs
-        # become resident early instead of after it ends: the launch cost overlaps that kernel). So nothing is
-        # read before the wait, which returns once that kernel has finished and its stores are visible:
-        # block_table and seq_lens may be written by it. Then let the next kernel be scheduled now; a dependent
-        # waits in turn for this whole grid (stores included) before it reads kv_indices.
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # block_table and seq_lens may be written by the kernel before: nothing is read until it is done
+        pdl_wait_then_release()
 
     # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
     #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
@@ -371,19 +381,13 @@ def _expand_page_indices_kernel(
     else:
         offs = tl.arange(0, BLOCK_R)
         seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-        if PREFIX_U32:
-            start32 = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.uint32))
-            if PREFIX_LOOP:
-                for i in range(BLOCK_R, r, BLOCK_R):
-                    o = i + offs
-                    start32 += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.uint32))
-            start = start32.to(tl.int64)
-        else:
-            start = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(tl.int64))
-            if PREFIX_LOOP:
-                for i in range(BLOCK_R, r, BLOCK_R):
-                    o = i + offs
-                    start += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64))
+        acc_ty: tl.constexpr = tl.uint32 if PREFIX_U32 else tl.int64
+        start = tl.sum(tl.load(seq_lens_ptr + offs, mask=offs < r, other=0).to(acc_ty))
+        if PREFIX_LOOP:
+            for i in range(BLOCK_R, r, BLOCK_R):
+                o = i + offs
+                start += tl.sum(tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(acc_ty))
+        start = start.to(tl.int64)
         if c == 0:
             tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
             if r == 0:
@@ -455,8 +459,7 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
         block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
-        PREFIX_U32=config.prefix_u32, num_warps=config.num_warps,
-        **(dict(PDL=True, launch_pdl=True) if pdl else {}),
+        PREFIX_U32=config.prefix_u32, num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 
 

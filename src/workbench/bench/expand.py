@@ -154,8 +154,7 @@ def _store_only_kernel(out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = Fals
     """Writes ``out[i] = i`` for ``i < n``: the same bytes as an expansion of ``n`` tokens, with no loads.
     ``PDL``: launched with PDL, it waits for the kernel before (which may still write ``out``) first."""
     if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        E.pdl_wait_then_release()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, offs.to(tl.int32), mask=offs < n)
 
@@ -175,8 +174,7 @@ def _expand_v1_kernel(
     the two designs under the same launch.
     """
     if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        E.pdl_wait_then_release()
     r = tl.program_id(0)
     c = tl.program_id(1)
     n_c = tl.num_programs(1)
@@ -227,7 +225,7 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
     if v.kernel == "v1":
         chunks = max(1, triton.cdiv(max_seq_len, v.block_t) + 1)
         block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
-        v1_pdl = dict(PDL=True, launch_pdl=True) if pdl and device_pdl_available(out.device) else {}
+        v1_pdl = E.pdl_launch_options(pdl and device_pdl_available(out.device))
         return (lambda: _expand_v1_kernel[(num_reqs, chunks)](
             block_table, block_table.stride(0), seq_lens, indptr, out, K=K, BLOCK_T=v.block_t, BLOCK_R=block_r,
             STORE_CACHE=".cs" if streaming else "", num_warps=v.num_warps, **v1_pdl)), cfg
@@ -235,7 +233,7 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
         n = out.numel()
         pdl = v.pdl is True and device_pdl_available(out.device)
         return (lambda: _store_only_kernel[(triton.cdiv(n, v.block_t),)](
-            out, n, BLOCK=v.block_t, num_warps=v.num_warps, **(dict(PDL=True, launch_pdl=True) if pdl else {}))), cfg
+            out, n, BLOCK=v.block_t, num_warps=v.num_warps, **E.pdl_launch_options(pdl))), cfg
     raise ValueError(f"Variant.kernel must be 'kernel', 'v1' or 'store_only', got {v.kernel!r}")
 
 
