@@ -39,6 +39,7 @@ __all__ = [
     "on_gpu",
     "pdl_available",
     "platform",
+    "sm90_or_newer",
     "vllm_status",
 ]
 
@@ -128,12 +129,17 @@ def compiled_nvidia(dev: torch.device) -> bool:
     return dev.type == "cuda" and torch.version.hip is None and not interpreter_active()
 
 
+def sm90_or_newer(dev: torch.device) -> bool:
+    """Compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer (Hopper: PDL, ``wgmma``)."""
+    return compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
 def pdl_available(dev: torch.device) -> bool:
     """Programmatic dependent launch (PDL): compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer.
 
     A kernel launched with PDL may start before the kernel ahead of it in the stream has finished; it must call
     ``griddepcontrol.wait`` (``tl.extra.cuda.gdc_wait``) before it reads anything that kernel may write."""
-    return compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
+    return sm90_or_newer(dev)
 
 
 def default_device() -> torch.device:

@@ -1057,8 +1057,7 @@ def gluon_available() -> bool:
         version = tuple(int(x) for x in triton.__version__.split(".")[:2])
     except ValueError:
         return False
-    return (version >= GLUON_MIN_TRITON and torch.cuda.is_available() and torch.version.hip is None
-            and not device.interpreter_active() and torch.cuda.get_device_capability()[0] >= 9)
+    return version >= GLUON_MIN_TRITON and torch.cuda.is_available() and device.sm90_or_newer(torch.device("cuda"))
 
 
 def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *,
@@ -1286,24 +1285,28 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr, cache.stride(0), total_rows,
         scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=False, **common)
     _note_compiled(cfg, compiled)
-    br, bd = cfg.merge_tile(total_rows)
-    merge_grid = (triton.cdiv(total_rows, br), KV_LORA_RANK // bd)
     merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}
     if pdl_split:
         merge_opts["LAUNCH_DEPENDENTS"] = True
     if trace is not None:
         merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
-    _mla_decode_merge_kernel[merge_grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
-                                         BLOCK_R=br, BLOCK_D=bd,
-                                         SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk),
-                                         D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1,
-                                         **merge_opts)
+    _launch_merge(mid_o, mid_lse, out, lse, total_rows, num_splits, cfg, **merge_opts)
     return out, lse
+
+
+def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cfg: TritonConfig, **opts) -> None:
+    """The second-kernel merge of ``num_splits`` partials of ``total_rows`` rows into ``out`` and ``lse``
+    (``opts``: its PDL and trace switches)."""
+    br, bd = cfg.merge_tile(total_rows)
+    _mla_decode_merge_kernel[(triton.cdiv(total_rows, br), KV_LORA_RANK // bd)](
+        mid_o, mid_lse, out, lse, total_rows, num_splits, BLOCK_R=br, BLOCK_D=bd,
+        SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk), D_LATENT=KV_LORA_RANK,
+        num_warps=4 if not device.interpreter_active() else 1, **opts)
 
 
 def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks) -> None:
     """The split kernel of :mod:`workbench.mla_gluon`, then (more than one split) the second-kernel merge."""
-    if not (device.compiled_nvidia(q.device) and torch.cuda.get_device_capability(q.device)[0] >= 9):
+    if not device.sm90_or_newer(q.device):
         raise ValueError(f"TritonConfig(gluon=True) needs compiled Triton on an NVIDIA GPU of compute capability "
                          f"9.0 or newer (it is written with Hopper's wgmma); this call runs on {q.device} with the "
                          f"interpreter {'on' if device.interpreter_active() else 'off'}")
@@ -1316,24 +1319,17 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     total_rows = total_q * heads
     grid = (row_blocks, num_splits, num_reqs)
     common = dict(NUM_HEADS=heads, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=mla_gluon.NUM_WARPS)
-    if num_splits == 1:
-        compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](
-            q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, cache.stride(0), total_rows, scale * _LOG2E,
-            num_splits, DIRECT=True, **common)
-        _note_compiled(cfg, compiled)
-        return
-    mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
+    direct = num_splits == 1  # one split writes the final output; more write partials for the merge
+    o_dst, lse_dst = (out, lse) if direct else (
+        torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device),
+        torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
     compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](
-        q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, cache.stride(0), total_rows, scale * _LOG2E,
-        num_splits, DIRECT=False, **common)
+        q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, cache.stride(0), total_rows, scale * _LOG2E,
+        num_splits, DIRECT=direct, **common)
     _note_compiled(cfg, compiled)
-    br, bd = cfg.merge_tile(total_rows)
-    merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
-    _mla_decode_merge_kernel[(triton.cdiv(total_rows, br), KV_LORA_RANK // bd)](
-        mid_o, mid_lse, out, lse, total_rows, num_splits, BLOCK_R=br, BLOCK_D=bd,
-        SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk), D_LATENT=KV_LORA_RANK,
-        num_warps=4, **merge_opts)
+    if not direct:
+        _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg,
+                      **(dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}))
 
 
 def merge_programs(total_rows: int, cfg: TritonConfig) -> int:

@@ -343,8 +343,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # before the math of tile i (Triton's pipeliner issues them after it), against the 64-row default at the
         # compute-bound bar points, and the 16-head qlen-1 defaults there for the qlen ratios.
         bf = torch.bfloat16
-        glu = tc(64, 64, 8, 2, programs_per_sm=1, gluon=True, pdl=True)
-        big = [("64 rows default", mla.triton_config(64, bf, gluon=False)), ("gluon 64x64 w8", glu)]
+        big = [("64 rows default", mla.triton_config(64, bf, gluon=False)), ("gluon 64x64 w8", mla.GLUON_CONFIG)]
         big_points = [((128, 1, 64, 4096), [None])] + [((16, q, b, l), [None]) for q in (4, 8)
                                                          for b, l in QLEN_PAIRS]
         mem = [(f"16 default B{b} L{l}", mla.triton_config(16, bf, b * l)) for b, l in QLEN_PAIRS]
