@@ -21,7 +21,8 @@ import torch
 from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split", "gluon")
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_inputs_before_wait", "merge", "meta_before_wait", "no_pdl_split", "gluon",
+                "gluon_cluster")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -42,9 +43,11 @@ amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="b
 out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
+out["expand_inputs_before_wait"] = codegen.expand_kernel_report("sm_90", pdl=True, inputs_before_wait=True)
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 out["gluon"] = [codegen.gluon_kernel_report(direct=d) for d in (False, True)]
+out["gluon_cluster"] = [codegen.gluon_kernel_report(heads=16, cluster=c, pdl=True) for c in (2, 4, 8)]
 out["meta_before_wait"] = codegen.split_kernel_report(dataclasses.replace(small, meta_before_wait=True))
 out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
 print(json.dumps(out))
@@ -157,9 +160,16 @@ def test_pdl_expansion_reads_nothing_before_its_wait(reports):
     the next kernel launch (griddepcontrol.launch_dependents). Without PDL there is no wait at all."""
     r = reports["expand_pdl"]
     assert r["has_wait"] and r["global_reads_before_wait"] == 0 and r["launch_dependents_after_wait"], r
+    assert r["global_writes_before_wait"] == 0, r
+    # the opt-in ExpandConfig.inputs_before_wait reads before the wait, and still writes nothing before it
+    early = reports["expand_inputs_before_wait"]
+    assert early["global_reads_before_wait"] > 0 and early["global_writes_before_wait"] == 0, early
     plain = reports["expand"][2]
     assert plain["arch"] == "sm_90" and not plain["has_wait"] and not plain["has_launch_dependents"], plain
     assert plain["global_reads_before_wait"] > 0  # the count sees the kernel's loads when there is no wait
+    # the prefix sum of 256 seq_lens is reduced inside each warp (shuffles), with no CTA barrier before the first
+    # store; the earlier version reduced a 256-wide vector across warps and cost 256 x 4k about 0.2-0.4 us
+    assert r["barriers_before_first_store"] == 0 and plain["barriers_before_first_store"] == 0, (r, plain)
     with pytest.raises(ValueError, match="pdl needs an NVIDIA target"):
         codegen.expand_kernel_report("gfx942", pdl=True)
 
@@ -173,7 +183,7 @@ def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):
     defaults = {k: v for k, v in reports.items() if k not in NOT_DEFAULTS}
     assert len(defaults) == len(codegen.DEFAULT_CASES)
     for label, r in defaults.items():
-        assert r["has_wait"] and r["global_reads_before_wait"] == 0, (label, r)
+        assert r["has_wait"] and r["global_reads_before_wait"] == 0 and r["global_writes_before_wait"] == 0, (label, r)
         assert r["launch_dependents_after_wait"], (label, r)
     merge_pdl, merge_plain = reports["merge"]
     assert merge_pdl["has_wait"] and merge_pdl["global_reads_before_wait"] == 0, merge_pdl
@@ -194,3 +204,17 @@ def test_gluon_split_kernel_fits_and_keeps_its_schedule(reports):
         assert r["wgmma"] == 40 and 1 in r["cp_async_wait"], r
     with pytest.raises(ValueError, match="16-bit only"):
         codegen.gluon_kernel_report(dtype="fp32")
+
+
+def test_gluon_cluster_merge_and_pdl_variants(reports):
+    """The gluon kernel that merges its 2, 4 or 8 splits inside a thread-block cluster, PDL-launched: it keeps the
+    schedule above, has one cluster barrier (after the partial stores, before the merge reads them), and reads
+    no global memory before its PDL wait, which comes before its trigger."""
+    for r in reports["gluon_cluster"]:
+        assert r["spill_bytes"] == 0 and r["shared"] <= codegen.GLUON_SMEM_LIMIT, r
+        assert r["wgmma"] == 40 and 1 in r["cp_async_wait"] and r["cluster_barriers"] == 1, r
+        assert r["pdl"] == {"has_wait": True, "global_reads_before_wait": 0, "global_writes_before_wait": 0,
+                            "has_launch_dependents": True, "launch_dependents_after_wait": True}, r
+    assert all(r["cluster_barriers"] == 0 and r["pdl"] is None for r in reports["gluon"])
+    with pytest.raises(ValueError, match="cluster merges partials"):
+        codegen.gluon_kernel_report(direct=True, cluster=2)

@@ -430,6 +430,7 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
 
 
 GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
+GLUON_PDLS = dataclasses.replace(GLUON, pdl=True, pdl_split=True)  # split kernel and merge PDL-launched
 
 
 @pytest.mark.gpu
@@ -439,16 +440,62 @@ GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
 @pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
                                             (16, [16, 7, 1])])
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
-def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype, pdl):
     """The gluon split kernel: 64-row programs (two of them for 128 heads, a partly empty one for 48 rows),
     ragged and causal query lengths, splits that are empty or end inside a tile, lengths 1..4099, against the
     golden; NaN in every unused cache row."""
     kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
     case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits)
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
-    out, lse = mla.mla_decode_triton(*args, config=GLUON, num_splits=num_splits)
-    check_against_golden(case, out, lse, dtype, 0.07, f"gluon H{heads} q{qo_lens} s{num_splits} {dtype}")
-    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=GLUON, num_splits=num_splits, out=o), out)
+    cfg = GLUON_PDLS if pdl else GLUON
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits)
+    check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+
+
+GLUON_CLUSTER = dataclasses.replace(GLUON_PDLS, cluster_merge=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="the gluon split kernel needs an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [16, 7, 1])])
+@pytest.mark.parametrize("num_splits", [2, 4, 8, 3])
+def test_gluon_cluster_merge_matches_golden(heads, qo_lens, num_splits, dtype):
+    """The gluon split kernel launched as thread-block clusters of its splits, merging them after a cluster
+    barrier (2, 4, 8 splits; 3 is not a cluster size here and takes the second-kernel merge): the same ragged,
+    causal cases as above, against the golden, with NaN in unused cache rows and in the output buffer (every
+    real row must be written by the in-cluster merge), and graph replays bit-exact."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits + 100)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=GLUON_CLUSTER, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, dtype, 0.07, f"gluon cluster H{heads} q{qo_lens} s{num_splits} {dtype}")
+    plain, _ = mla.mla_decode_triton(*args, config=GLUON, num_splits=num_splits)
+    torch.testing.assert_close(out, plain, rtol=1e-2, atol=1e-2)  # the same partials, merged by the other kernel
+    assert_graph_replays_equal(
+        lambda o: mla.mla_decode_triton(*args, config=GLUON_CLUSTER, num_splits=num_splits, out=o), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="the gluon split kernel needs an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+def test_gluon_cluster_merge_falls_back_when_clusters_do_not_fit():
+    """More clusters than the GPU holds at once (a second wave would double the time): the call takes the
+    second-kernel merge instead, and is still right. CUDA's occupancy query gives the capacity."""
+    from workbench import mla_gluon
+
+    reqs = 200
+    case = make_case([1] * reqs, [300 + 7 * i for i in range(reqs)], 64, dtype=torch.bfloat16, device="cuda", seed=5)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], 1, 0.07)
+    out, lse = mla.mla_decode_triton(*args, config=GLUON_CLUSTER, num_splits=2)
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, "gluon cluster fallback")
+    caps = {k[1]: v for k, v in mla_gluon._CAPACITY.items()}
+    assert 2 in caps and 0 < caps[2] < reqs, caps  # 200 clusters of 2 do not fit on one GPU: the fallback ran
+    print(f"clusters of 2 resident at once: {caps[2]}")
 
 
 def test_gluon_config_is_checked():
@@ -456,6 +503,8 @@ def test_gluon_config_is_checked():
         mla.TritonConfig(16, 64, 8, 2, gluon=True)
     with pytest.raises(ValueError, match="gluon replaces the Triton split kernel"):
         mla.TritonConfig(64, 64, 8, 2, gluon=True, idx_ahead=True)
+    with pytest.raises(ValueError, match="cluster_merge is a mode of the gluon split kernel"):
+        mla.TritonConfig(64, 64, 8, 2, cluster_merge=True)
     if not ON_GPU:
         case = make_case([1], [5], 64, dtype=torch.float16, device=DEV)
         with pytest.raises(ValueError, match="needs compiled Triton on an NVIDIA GPU"):
@@ -721,8 +770,8 @@ def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
     for extra in (["--explore", "3"], ["--layouts"], ["--quick"], ["--trace"]):
         assert cli.main(["bench", "decode", "--out", "/dev/null", *extra]) == 2
         assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # argparse: rounds are 1-20
-        cli.main(["bench", "decode", "--explore", "21"])
+    with pytest.raises(SystemExit):  # argparse: rounds are 1-21
+        cli.main(["bench", "decode", "--explore", "22"])
 
 
 def test_cache_pool_runs_keep_blocks_contiguous():

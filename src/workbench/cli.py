@@ -118,8 +118,8 @@ def _add_bench_decode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", action="store_true", help="first time a few launch configs per regime and use the best")
     p.add_argument("--quick", action="store_true", help="only the points the bars need")
     p.add_argument("--no-torch", action="store_true", help="skip the (slow) torch path")
-    p.add_argument("--explore", type=int, metavar="ROUND", choices=range(1, 21),
-                   help="instead: one focused sweep of chapter 3 (rounds 1-20; its kernels compiled in parallel first)")
+    p.add_argument("--explore", type=int, metavar="ROUND", choices=range(1, 22),
+                   help="instead: one focused sweep of chapter 3 (rounds 1-21; its kernels compiled in parallel first)")
     p.add_argument("--layouts", action="store_true",
                    help="instead: the bar points with cache rows scattered one by one and in 16-row blocks")
     p.add_argument("--trace", action="store_true",

@@ -85,6 +85,7 @@ def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible
 
 # PTX instructions that read global memory: loads, asynchronous copies into shared memory, prefetches
 _GLOBAL_READ = re.compile(r"\b(?:ld\.global|cp\.async\.(?:ca|cg)|cp\.async\.bulk|prefetch\.global|prefetch\.L2)")
+_GLOBAL_WRITE = re.compile(r"\b(?:st\.global|red\.global|atom\.global)")
 
 
 def pdl_report(ptx: str) -> dict[str, Any]:
@@ -94,11 +95,13 @@ def pdl_report(ptx: str) -> dict[str, Any]:
     finished writing), ``has_launch_dependents`` and ``launch_dependents_after_wait`` (the first trigger comes
     after the first wait: then a kernel that starts early behind this one knows that every kernel before this one
     has finished, which is what makes ``meta_before_wait`` safe when only the kernel right before it is known not
-    to write the metadata)."""
+    to write the metadata). ``global_writes_before_wait``: stores and atomics before the first wait (the kernel
+    before may still read what they overwrite: always 0 here)."""
     wait = ptx.find("griddepcontrol.wait")
     trigger = ptx.find("griddepcontrol.launch_dependents")
     return {"has_wait": wait >= 0,
             "global_reads_before_wait": len(_GLOBAL_READ.findall(ptx[:wait] if wait >= 0 else ptx)),
+            "global_writes_before_wait": len(_GLOBAL_WRITE.findall(ptx[:wait] if wait >= 0 else ptx)),
             "has_launch_dependents": trigger >= 0,
             "launch_dependents_after_wait": trigger >= 0 and wait >= 0 and trigger > wait}
 
@@ -148,13 +151,14 @@ def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str 
 
 
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
-                         pdl: bool = False) -> dict[str, Any]:
+                         pdl: bool = False, inputs_before_wait: bool = False) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
     ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
 
     ``pdl`` (``sm_90`` only): compile it as launched with programmatic dependent launch, and also report
     ``global_loads_before_wait`` (``ld.global`` instructions in the PTX before its first ``griddepcontrol.wait``:
-    must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``."""
+    must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``.
+    ``inputs_before_wait``: the opt-in variant that reads its inputs before the wait (and still writes after it)."""
     targets = dict(AMD_TARGETS, sm_90=HOPPER)
     if arch not in targets:
         raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
@@ -166,12 +170,17 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32"}
     consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True, PDL=pdl)
+                  CHUNKS_FIRST=True, PDL=pdl, LOADS_BEFORE_WAIT=inputs_before_wait)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       targets[arch], dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
     if arch == "sm_90":
-        report.update(pdl_report(kernel.asm["ptx"]))
+        ptx = kernel.asm["ptx"]
+        report.update(pdl_report(ptx))
+        # the prefix sum of seq_lens stays inside each warp: no CTA barrier before the first store
+        first_store = _GLOBAL_WRITE.search(ptx)
+        report["barriers_before_first_store"] = len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b",
+                                                               ptx[:first_store.start()] if first_store else ptx))
     return report
 
 
@@ -194,12 +203,17 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16") -> dict[str, Any]
 GLUON_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on an H100/H200 (227 KB)
 
 
-def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16") -> dict[str, Any]:
+def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", cluster: int = 0,
+                        pdl: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
     report ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes; the limit is :data:`GLUON_SMEM_LIMIT`),
     ``wgmma`` (``wgmma.mma_async`` instructions: 36 for q k^T over 576 values in k-steps of 16, 4 for P V) and
     ``cp_async_wait`` (the ``cp.async.wait_group`` counts: 1 in the loop, the next tile's copies in flight while
-    this one is used)."""
+    this one is used). ``cluster`` (2, 4 or 8): the variant that merges its splits inside a thread-block cluster;
+    ``cluster_barriers`` counts its ``barrier.cluster.arrive`` instructions (one, after the partial stores).
+    ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX."""
+    if cluster and direct:
+        raise ValueError("cluster merges partials: it needs direct=False")
     if dtype not in ("bf16", "fp16"):
         raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernel is 16-bit only), got {dtype!r}")
     _require_compiled()
@@ -210,17 +224,22 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     fn = mla_gluon.mla_decode_gluon_split_kernel
     runtime = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
                "OUT": f"*{dtype}" if direct else "*fp32", "LSE": "*fp32", "stride_kv": "i32", "total_rows": "i32",
-               "qk_scale": "fp32", "num_splits": "i32"}
+               "qk_scale": "fp32", "num_splits": "i32", "FINAL_O": f"*{dtype}", "FINAL_LSE": "*fp32"}
     consts = dict(NUM_HEADS=heads, DIRECT=direct, D_LATENT=512, D_ROPE=64)
+    if cluster:
+        consts.update(CLUSTER=cluster, MERGE_L=mla_gluon.cluster_merge_layout(cluster))
+    if pdl:
+        consts.update(PDL=True)
     kernel = _compile(fn, runtime, consts, {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE",
-                                            "stride_kv"}, HOPPER, dict(num_warps=mla_gluon.NUM_WARPS),
-                      source=GluonASTSource)
+                                            "FINAL_O", "FINAL_LSE", "stride_kv"}, HOPPER,
+                      dict(num_warps=mla_gluon.NUM_WARPS), source=GluonASTSource)
     ptx = kernel.asm["ptx"]
     regs, spills = _ptxas_usage(ptx, "gluon")
     return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "cp_async_wait": sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
-            "triton": triton.__version__}
+            "cluster_barriers": len(re.findall(r"barrier\.cluster\.arrive", ptx)),
+            "pdl": pdl_report(ptx) if pdl else None, "triton": triton.__version__}
 
 
 def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:

@@ -888,15 +888,20 @@ class TritonConfig:
     l2_ahead: int = 0  # idx_ahead only: L2 prefetch of the rows this many tiles ahead (compiled NVIDIA only)
     gluon: bool = False  # the split kernel of workbench.mla_gluon (Hopper, 16-bit, 64x64 w8; copies of the next
     #                      tile issued before the math of this one) instead of the Triton one
+    cluster_merge: bool = False  # gluon only: when the split count is 2, 4 or 8, the splits of a row block run as one
+    #                              thread-block cluster and merge their partials after a cluster barrier (no
+    #                              second kernel); other split counts use the second-kernel merge
 
     def __post_init__(self) -> None:
         if self.gluon and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
             raise ValueError(f"gluon needs block_m=64, block_n=64, num_warps=8 (the one tile workbench.mla_gluon "
                              f"has), got {self.block_m}x{self.block_n} w{self.num_warps}")
-        if self.gluon and (self.balanced or self.fused_merge or self.pdl_split or self.idx_ahead
+        if self.gluon and (self.balanced or self.fused_merge or self.meta_before_wait or self.idx_ahead
                            or self.warp_specialize or self.swap_ab or self.prefetch):
-            raise ValueError("gluon replaces the Triton split kernel: balanced, fused_merge, pdl_split, idx_ahead, "
-                             "warp_specialize, swap_ab and prefetch do not apply to it")
+            raise ValueError("gluon replaces the Triton split kernel: balanced, fused_merge, meta_before_wait, "
+                             "idx_ahead, warp_specialize, swap_ab and prefetch do not apply to it")
+        if self.cluster_merge and not self.gluon:
+            raise ValueError("cluster_merge is a mode of the gluon split kernel; it needs gluon=True")
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
             raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
                              f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
@@ -945,7 +950,8 @@ class TritonConfig:
         """What selects a compiled split kernel (its resources are recorded under this key)."""
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
-                self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon)
+                self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
+                self.cluster_merge)
 
     @property
     def label(self) -> str:
@@ -955,7 +961,8 @@ class TritonConfig:
                 + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "") + (str(self.idx_dist) if self.idx_dist > 1 else "")
                 + (f" ip{self.idx_prefetch}" if self.idx_prefetch else "")
                 + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else "")
-                + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else ""))
+                + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else "")
+                + (" cm" if self.cluster_merge else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1043,8 +1050,12 @@ def rocm_triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
     return TritonConfig(block_m=64, block_n=16, num_warps=4, num_stages=2, programs_per_sm=1)
 
 
+# The gluon split kernel PDL-launched (pdl_split, round 21: 0.6-4.9 % faster at every compute-bound bar point, e.g.
+# B=16 L=4k qlen 4 44.7 against 47.0 us); the in-cluster merge (cluster_merge) stays opt-in: it helped only
+# where every cluster fits at once (B=64 L=4k qlen 4, 2 splits: 107.0 against 109.0 us), and it launches
+# through Triton's packed launch metadata, an internal.
 GLUON_CONFIG = TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1, pdl=True,
-                            gluon=True)
+                            pdl_split=True, gluon=True)
 
 
 GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; the kernel ran with 3.6 (H200) and compiles with 3.7 (CI)
@@ -1080,7 +1091,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
     * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``, None: when one is present), 16-bit:
       :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
-      198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below);
+      198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
+      (round 21);
     * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
       tiles; ``idx_ahead`` there (which needs 2 stages to fit) was mixed in rounds 8-9: 3-4 % faster at 128
@@ -1323,13 +1335,26 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     o_dst, lse_dst = (out, lse) if direct else (
         torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device),
         torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
-    compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](
-        q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, cache.stride(0), total_rows, scale * _LOG2E,
-        num_splits, DIRECT=direct, **common)
+    args = (q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, out, lse, cache.stride(0), total_rows,
+            scale * _LOG2E, num_splits)
+    if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
+        common.update(PDL=True, launch_pdl=True)
+    if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:
+        # clusters of num_splits programs along axis 0 (row block x split), merged in the kernel; only when all
+        # the clusters fit on the GPU at once (else None: the second-kernel merge below)
+        compiled = mla_gluon.launch_clustered(
+            mla_gluon.mla_decode_gluon_split_kernel, (row_blocks, 1, num_reqs), num_splits, args,
+            dict(DIRECT=False, CLUSTER=num_splits, MERGE_L=mla_gluon.cluster_merge_layout(num_splits), **common))
+        if compiled is not None:
+            _note_compiled(cfg, compiled)
+            return
+    compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, **common)
     _note_compiled(cfg, compiled)
     if not direct:
-        _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg,
-                      **(dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}))
+        merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
+        if common.get("PDL"):  # the next call's split kernel waits for the merge: let it launch early
+            merge_opts["LAUNCH_DEPENDENTS"] = True
+        _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
 
 
 def merge_programs(total_rows: int, cfg: TritonConfig) -> int:

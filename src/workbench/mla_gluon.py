@@ -18,6 +18,11 @@ that schedule and nothing else:
 
 The partial outputs have the Triton split kernel's format, so :func:`workbench.mla.mla_decode_triton`'s
 merge kernel combines them. NVIDIA sm_90 only, 16-bit dtypes only; chosen by ``TritonConfig(gluon=True)``.
+
+Two launch modes on top (round 21, chapter 3): ``PDL`` (wait for the kernel before, then let the merge launch),
+and ``CLUSTER`` (``TritonConfig(cluster_merge=True)``): the 2, 4 or 8 splits of a row block run as one
+thread-block cluster, store their partials, meet at a cluster barrier and each merge a slice of the columns, so
+no second kernel runs. :func:`launch_clustered` launches that only when all the clusters fit on the GPU at once.
 """
 
 from __future__ import annotations
@@ -27,11 +32,36 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-__all__ = ["BLOCK_M", "BLOCK_N", "NUM_WARPS", "mla_decode_gluon_split_kernel"]
+__all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "cluster_capacity", "cluster_merge_layout",
+           "launch_clustered", "mla_decode_gluon_split_kernel"]
 
 BLOCK_M = 64  # folded rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64  # cache rows (tokens) per tile
 NUM_WARPS = 8  # two warpgroups
+
+CLUSTER_SPLITS = (2, 4, 8)  # split counts that can merge inside a thread-block cluster (8: CUDA's portable limit)
+
+
+def cluster_merge_layout(splits: int, num_warps: int = NUM_WARPS) -> gl.BlockedLayout:
+    """The register layout of the in-cluster merge's ``(splits, 64 rows, 512 / splits columns)`` partial slice:
+    16-byte vectors along the columns, the warps along the rows, so that the sum over splits stays in a thread."""
+    if splits not in CLUSTER_SPLITS:
+        raise ValueError(f"splits is {splits}; a cluster merge takes one of {CLUSTER_SPLITS}")
+    tc = min(32, 512 // splits // 4)  # threads along the columns
+    return gl.BlockedLayout([1, 1, 4], [1, 32 // tc, tc], [1, num_warps, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _cluster_barrier(NUM_THREADS: gl.constexpr):
+    """Every thread of every CTA of this thread-block cluster arrives (release: its global stores are ordered
+    before) and waits (acquire: stores the others made before arriving are visible after). One element per
+    thread, so each thread runs the asm once (``.aligned``: all threads of a warp execute it together)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_THREADS // 32], [0])
+    x = gl.arange(0, NUM_THREADS, layout=one)
+    gl.inline_asm_elementwise(
+        "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\tmov.b32 $0, $1;",
+        "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
 
 # A CTA-wide barrier: gl.thread_barrier in Triton 3.6 (the GPU machine's), gl.barrier in 3.7
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -50,6 +80,40 @@ def _gather_tile(k_lat_buf, k_rope_buf, KV, idx, ok, stride_kv, D_LATENT: gl.con
 
 
 @gluon.jit
+def _cluster_merge(PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_rows, pid_s, CLUSTER: gl.constexpr,
+                   BM: gl.constexpr, D_LATENT: gl.constexpr, MERGE_L: gl.constexpr):
+    """Merge columns ``pid_s * CW .. (pid_s + 1) * CW`` (CW = D_LATENT / CLUSTER) of rows ``row0 ..`` (``n_valid``
+    of the BM are real) over the CLUSTER partials: the second-kernel merge's arithmetic, on one slice. The
+    partial loads skip L1 (``.cg``): the other programs of the cluster wrote them from other SMs."""
+    CW: gl.constexpr = D_LATENT // CLUSTER
+    SR_L: gl.constexpr = gl.SliceLayout(2, MERGE_L)  # (splits, rows)
+    sp = gl.arange(0, CLUSTER, layout=gl.SliceLayout(1, SR_L))
+    r = gl.arange(0, BM, layout=gl.SliceLayout(0, SR_L))
+    c = pid_s * CW + gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, MERGE_L)))
+    rows = (row0 + r).to(gl.int64)
+    ok = r < n_valid
+    slot = sp.to(gl.int64)[:, None] * total_rows + rows[None, :]  # (splits, rows): partial row of split s
+    lse = gl.load(PART_LSE + slot, mask=ok[None, :], other=float("-inf"), cache_modifier=".cg")
+    m = gl.max(lse, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
+    denom = gl.sum(w, axis=0)
+    parts = gl.load(PART_O + slot[:, :, None] * D_LATENT + c[None, None, :], mask=ok[None, :, None], other=0.0,
+                    cache_modifier=".cg")
+    acc = gl.sum(parts * w[:, :, None], axis=0)  # (rows, CW) in SliceLayout(0, MERGE_L)
+    has = denom > 0.0
+    safe = gl.where(has, denom, 1.0)
+    O_SL: gl.constexpr = gl.SliceLayout(0, MERGE_L)
+    rows_o = gl.convert_layout(rows, gl.SliceLayout(1, O_SL))
+    ok_o = gl.convert_layout(ok, gl.SliceLayout(1, O_SL))
+    c_o = gl.convert_layout(c, gl.SliceLayout(0, O_SL))
+    out = acc / gl.convert_layout(safe, gl.SliceLayout(1, O_SL))[:, None]
+    gl.store(FINAL_O + rows_o[:, None] * D_LATENT + c_o[None, :], out.to(FINAL_O.dtype.element_ty), mask=ok_o[:, None])
+    if pid_s == 0:
+        gl.store(FINAL_LSE + rows, gl.where(has, m_safe + gl.log(safe), float("-inf")), mask=ok)
+
+
+@gluon.jit
 def mla_decode_gluon_split_kernel(
     Q,  # (total_q * H, 576) 16-bit, folded rows
     KV,  # (num_rows, 576) cache rows, stride stride_kv
@@ -58,6 +122,8 @@ def mla_decode_gluon_split_kernel(
     KV_INDPTR,  # (B + 1,) int32
     OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) fp32 partials
     LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_rows) fp32
+    FINAL_O,  # CLUSTER: (total_q * H, 512) q.dtype, the merged output (else unused)
+    FINAL_LSE,  # CLUSTER: (total_q * H,) fp32 (else unused)
     stride_kv,
     total_rows,
     qk_scale,  # sm_scale * log2(e)
@@ -66,9 +132,15 @@ def mla_decode_gluon_split_kernel(
     DIRECT: gl.constexpr,  # one split: write the final output
     D_LATENT: gl.constexpr,
     D_ROPE: gl.constexpr,
+    CLUSTER: gl.constexpr = 0,  # > 0: launched as clusters of CLUSTER = num_splits CTAs along axis 0 (the
+    #                             splits of one row block), which merge their partials here; no second kernel
+    MERGE_L: gl.constexpr = None,  # CLUSTER: cluster_merge_layout(CLUSTER)
+    PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before (griddepcontrol.wait) before the
+    #                             first read, then let the next kernel (the merge) launch early
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 64
+    NUM_WARPS_C: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
     # register layouts: the gather (16-byte vectors, 8 warps cover 32 rows x 64 columns per step) and the two
     # wgmma accumulators, split between the warpgroups along N (S: 32 tokens each; O: 256 columns each)
@@ -79,9 +151,17 @@ def mla_decode_gluon_split_kernel(
     LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_LATENT], dtype)
     ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_ROPE], dtype)
 
-    pid_m = gl.program_id(0)
-    pid_s = gl.program_id(1)
+    if CLUSTER > 0:  # axis 0 holds row block x split; a cluster is the CLUSTER consecutive programs of a row block
+        pid_m = gl.program_id(0) // CLUSTER
+        pid_s = gl.program_id(0) % CLUSTER
+    else:
+        pid_m = gl.program_id(0)
+        pid_s = gl.program_id(1)
     req = gl.program_id(2)
+    if PDL:  # nothing above reads memory
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
     q_start = gl.load(QO_INDPTR + req)
     s_q = gl.load(QO_INDPTR + req + 1) - q_start
     kv_start = gl.load(KV_INDPTR + req)
@@ -181,3 +261,48 @@ def mla_decode_gluon_split_kernel(
             base = pid_s.to(gl.int64) * total_rows
             gl.store(OUT + (base + grow)[:, None] * D_LATENT + d_o[None, :], out, mask=o_ok[:, None])
             gl.store(LSE + base + grow_s, lse_s, mask=s_ok)
+            if CLUSTER > 0:
+                # every split of this row block has stored its partial (the whole cluster runs this branch:
+                # its programs share pid_m and req); program pid_s then merges columns pid_s * CW ... of them
+                _cluster_barrier(NUM_WARPS_C * 32)
+                _cluster_merge(OUT, LSE, FINAL_O, FINAL_LSE, q_start * NUM_HEADS + pid_m * BM, n_rows - pid_m * BM,
+                               total_rows, pid_s, CLUSTER, BM, D_LATENT, MERGE_L)
+
+
+_CAPACITY: dict[tuple, int] = {}  # (kernel hash, cluster size, device) -> clusters resident at once
+
+
+def cluster_capacity(compiled, cluster: int) -> int:
+    """How many clusters of ``cluster`` programs of ``compiled`` the GPU holds at once (CUDA's occupancy query:
+    a cluster's programs must sit on the SMs of one GPC, so this is not simply SMs / cluster)."""
+    import torch
+    from triton.runtime import driver
+
+    key = (compiled.hash, cluster, torch.cuda.current_device())
+    if key not in _CAPACITY:
+        compiled._init_handles()
+        _CAPACITY[key] = int(driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function,
+                                                                                compiled.metadata.shared, cluster))
+    return _CAPACITY[key]
+
+
+def launch_clustered(kernel, grid: tuple[int, int, int], cluster: int, args: tuple, constexprs: dict):
+    """Launch ``kernel[grid](*args, **constexprs)`` as thread-block clusters of ``cluster`` programs along axis 0
+    (``grid[0] * cluster`` programs in all) if all its clusters fit on the GPU at once, and return the compiled
+    kernel; else launch nothing and return None (the caller takes another path: a second wave of clusters
+    would double the time, round 21).
+
+    The kernel is compiled as usual (one CTA per program); only its launch changes: Triton's NVIDIA launcher
+    multiplies axis 0 by, and sets the cluster size to, the ``num_ctas`` it finds in the compiled kernel's
+    packed metadata, ``(num_warps, num_ctas, shared)`` in Triton 3.6 and 3.7. That entry is set here for this
+    kernel's compiled variant (its constexprs make it one of its own). A Triton whose metadata differs gets
+    None too."""
+    compiled = kernel.warmup(*args, grid=grid, **constexprs)
+    meta = getattr(compiled, "packed_metadata", None)
+    if not (isinstance(meta, tuple) and len(meta) == 3 and meta[1] in (1, cluster)):
+        return None
+    if grid[0] * grid[1] * grid[2] > cluster_capacity(compiled, cluster):
+        return None
+    compiled.packed_metadata = (meta[0], cluster, meta[2])
+    kernel[grid](*args, **constexprs)
+    return compiled

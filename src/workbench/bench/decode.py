@@ -338,12 +338,30 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("32x32 w4 s5", tc(32, 32, 4, 5))]
         big_points = [((128, 1, 64, 4096), [None, 1, 2]), ((16, 4, 64, 4096), [None, 1, 2]),
                       ((16, 8, 64, 4096), [None, 1, 2]), ((16, 4, 64, 32768), [None]), ((16, 8, 64, 32768), [None])]
+    elif round_ == 21:
+        # Round 20: at B=16 L=4k qlen 4 the merge (1024 rows x 8 fp32 partials, a second kernel) took 10.6 of the
+        # 47 us. Here (1) the gluon split kernel PDL-launched (pdl_split: it waits before its first read and lets
+        # the merge launch early), (2) on top, the splits of a row block run as one thread-block cluster and merge
+        # after a cluster barrier (cluster_merge; only where every cluster fits on the GPU at once).
+        bf = torch.bfloat16
+        plain = dataclasses.replace(mla.GLUON_CONFIG, pdl_split=False)  # the default of round 20
+        pdls = dataclasses.replace(plain, pdl_split=True)
+        big = [("gluon", plain), ("gluon pdls", pdls),
+               ("gluon pdls cm", dataclasses.replace(pdls, cluster_merge=True))]
+        big_points = [((128, 1, 64, 4096), [None]), ((16, 6, 16, 4096), [None])]
+        big_points += [((16, q, b, l), [None]) for q in (4, 8) for b, l in QLEN_PAIRS]
+        mem = [(f"16 default B{b} L{l}", mla.triton_config(16, bf, b * l)) for b, l in QLEN_PAIRS]
+        cases = [(lab, cfg, (16, 1, b, l), [None]) for (lab, cfg), (b, l) in zip(mem, QLEN_PAIRS)]
+        cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
+        cases.append(big[0] + ((16, 4, 16, 4096), [None]))  # again at the end: run-to-run drift
+        return cases
     elif round_ == 20:
         # workbench.mla_gluon: the 64-row split kernel written in Gluon, so that the copies of tile i+1 are issued
         # before the math of tile i (Triton's pipeliner issues them after it), against the 64-row default at the
         # compute-bound bar points, and the 16-head qlen-1 defaults there for the qlen ratios.
         bf = torch.bfloat16
-        big = [("64 rows default", mla.triton_config(64, bf, gluon=False)), ("gluon 64x64 w8", mla.GLUON_CONFIG)]
+        big = [("64 rows default", mla.triton_config(64, bf, gluon=False)),
+               ("gluon 64x64 w8", dataclasses.replace(mla.GLUON_CONFIG, pdl_split=False))]  # as round 20 ran it
         big_points = [((128, 1, 64, 4096), [None])] + [((16, q, b, l), [None]) for q in (4, 8)
                                                          for b, l in QLEN_PAIRS]
         mem = [(f"16 default B{b} L{l}", mla.triton_config(16, bf, b * l)) for b, l in QLEN_PAIRS]
