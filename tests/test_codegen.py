@@ -21,7 +21,7 @@ import torch
 from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_inputs_before_wait", "merge", "meta_before_wait", "no_pdl_split", "gluon",
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster")
 
 SCRIPT = """
@@ -43,7 +43,6 @@ amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="b
 out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
-out["expand_inputs_before_wait"] = codegen.expand_kernel_report("sm_90", pdl=True, inputs_before_wait=True)
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 out["gluon"] = [codegen.gluon_kernel_report(direct=d) for d in (False, True)]
@@ -161,9 +160,6 @@ def test_pdl_expansion_reads_nothing_before_its_wait(reports):
     r = reports["expand_pdl"]
     assert r["has_wait"] and r["global_reads_before_wait"] == 0 and r["launch_dependents_after_wait"], r
     assert r["global_writes_before_wait"] == 0, r
-    # the opt-in ExpandConfig.inputs_before_wait reads before the wait, and still writes nothing before it
-    early = reports["expand_inputs_before_wait"]
-    assert early["global_reads_before_wait"] > 0 and early["global_writes_before_wait"] == 0, early
     plain = reports["expand"][2]
     assert plain["arch"] == "sm_90" and not plain["has_wait"] and not plain["has_launch_dependents"], plain
     assert plain["global_reads_before_wait"] > 0  # the count sees the kernel's loads when there is no wait

@@ -432,18 +432,14 @@ def test_gpu_cuda_graph_capture_and_replay():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.on_gpu(), reason="no GPU: PDL and CUDA graphs need one")
-@pytest.mark.parametrize("inputs_before_wait", [False, True])
-def test_gpu_pdl_launch_waits_for_the_kernel_before(inputs_before_wait):
+def test_gpu_pdl_launch_waits_for_the_kernel_before():
     """With PDL (the default on sm_90+) an expansion may start while the kernel ahead of it runs. Each step
     below reads what the step before it has just written: torch copies write block_table and seq_lens, the
     expansion computes kv_indptr, and a second expansion reads that kv_indptr (the precomputed-kv_indptr path,
     also PDL-launched) right after the first one triggered its dependents. 40 steps in one CUDA graph, each with
-    new inputs; every output must equal the spec's. With the opt-in ``inputs_before_wait`` the first expansion
-    reads its inputs before its wait: within its contract here, as the kernels right before it (torch copies)
-    do not trigger early; the second one keeps the default, since the kernel right before it writes kv_indptr."""
+    new inputs; every output must equal the spec's."""
     K, R, cap_blocks = 16, 24, 80
     cfg = E.ExpandConfig(block_t=256)
-    first_cfg = E.ExpandConfig(block_t=256, inputs_before_wait=inputs_before_wait)
     g = torch.Generator().manual_seed(5)
     steps = []
     for i in range(40):
@@ -462,7 +458,7 @@ def test_gpu_pdl_launch_waits_for_the_kernel_before(inputs_before_wait):
         for i, (t, n) in enumerate(src):
             block_table.copy_(t)
             seq_lens.copy_(n)
-            E._launch_expand(block_table, seq_lens, K, outs[i, 0], indptrs[i], max_len, first_cfg)
+            E._launch_expand(block_table, seq_lens, K, outs[i, 0], indptrs[i], max_len, cfg)
             E._launch_expand(block_table, seq_lens, K, outs[i, 1], indptrs[i], max_len, cfg, indptr_in=True)
 
     run_steps()  # compile outside the graph
@@ -585,7 +581,3 @@ def test_builder_takes_cpu_tensors_where_triton_compiles_for_a_gpu(monkeypatch, 
         bad[next(r for r, n in enumerate(lens) if n > 0), 0] = -3  # a used entry of a non-empty request
         E.build_flat_decode_metadata(bad, seq_lens, [1] * len(lens), K)
 
-
-def test_inputs_before_wait_needs_pdl():
-    with pytest.raises(ValueError, match="inputs_before_wait .* needs pdl=True"):
-        E.ExpandConfig(pdl=False, inputs_before_wait=True)

@@ -151,14 +151,15 @@ def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str 
 
 
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
-                         pdl: bool = False, inputs_before_wait: bool = False) -> dict[str, Any]:
+                         pdl: bool = False) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
     ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
 
     ``pdl`` (``sm_90`` only): compile it as launched with programmatic dependent launch, and also report
     ``global_loads_before_wait`` (``ld.global`` instructions in the PTX before its first ``griddepcontrol.wait``:
-    must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``.
-    ``inputs_before_wait``: the opt-in variant that reads its inputs before the wait (and still writes after it)."""
+    must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``; on
+    ``sm_90`` also ``barriers_before_first_store`` (CTA barriers before the first global store: 0, as the prefix
+    sum of seq_lens is reduced inside each warp)."""
     targets = dict(AMD_TARGETS, sm_90=HOPPER)
     if arch not in targets:
         raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
@@ -170,7 +171,7 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32"}
     consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True, PDL=pdl, LOADS_BEFORE_WAIT=inputs_before_wait)
+                  CHUNKS_FIRST=True, PDL=pdl)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       targets[arch], dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}

@@ -351,7 +351,6 @@ def _expand_page_indices_kernel(
     CHUNKS_FIRST: tl.constexpr,  # grid is (chunks, requests) instead of (requests, chunks)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (compiled NVIDIA, sm_90+)
     PREFIX_U32: tl.constexpr = False,  # sum seq_lens in uint32 (exact below 2**32 tokens), not int64
-    LOADS_BEFORE_WAIT: tl.constexpr = False,  # PDL: read the inputs before griddepcontrol.wait (ExpandConfig doc)
 ):
     # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
     # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
@@ -365,8 +364,8 @@ def _expand_page_indices_kernel(
         c = tl.program_id(1)
         n_c = tl.num_programs(1)
     row = block_table_ptr + r.to(tl.int64) * block_table_stride
-    if PDL and not LOADS_BEFORE_WAIT:  # block_table and seq_lens may be written by the kernel before: nothing
-        pdl_wait_then_release()         # is read until it is done
+    if PDL:  # block_table and seq_lens may be written by the kernel before: nothing is read until it is done
+        pdl_wait_then_release()
 
     # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
     #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
@@ -396,9 +395,6 @@ def _expand_page_indices_kernel(
                     o = j + i + lanes
                     part += tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(acc_ty)
         start = tl.sum(part).to(tl.int64)
-    if PDL and LOADS_BEFORE_WAIT:  # the reads above overlap the kernel before; no store before it is done (it may
-        pdl_wait_then_release()    # still read the kv_indices and kv_indptr of the previous step)
-    if not INDPTR_IN:
         if c == 0:
             tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
             if r == 0:
@@ -426,17 +422,6 @@ class ExpandConfig:
     pdl: bool = True  # programmatic dependent launch where available (compiled NVIDIA, sm_90+); else ignored.
     # With PDL the kernel waits (griddepcontrol.wait) before its first read and then lets the next kernel launch.
     prefix_u32: bool = False  # the in-kernel prefix sum of seq_lens in uint32 (exact below 2**32) instead of int64
-    # Opt-in, PDL only: read block_table and seq_lens BEFORE griddepcontrol.wait, so that the read's memory round
-    # trip overlaps the kernel before (stores still wait). Correct only if the kernel right before this one in
-    # the stream does not write block_table or seq_lens: for example they come from a copy (vLLM copies them from
-    # the host), or from kernels further back, which the kernel before waited for before it let this one launch
-    # (as every PDL kernel here does; chapter 3's meta_before_wait has the same contract). A kernel before that
-    # writes them after triggering its dependents makes this read stale data, silently.
-    inputs_before_wait: bool = False
-
-    def __post_init__(self) -> None:
-        if self.inputs_before_wait and not self.pdl:
-            raise ValueError("inputs_before_wait moves the input reads before the PDL wait; it needs pdl=True")
 
 
 # Output size (bytes) above which index stores stream past L2 (".cs"): the H200's L2 holds 50-60 MB.
@@ -482,8 +467,7 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
         block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
-        PREFIX_U32=config.prefix_u32, LOADS_BEFORE_WAIT=pdl and config.inputs_before_wait, num_warps=config.num_warps,
-        **pdl_launch_options(pdl),
+        PREFIX_U32=config.prefix_u32, num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 
 

@@ -82,7 +82,6 @@ class Variant:
     chunks_first: bool = True
     pdl: bool | None = None  # None: expand_config's choice (store_only: no PDL)
     prefix_u32: bool | None = None  # None: expand_config's choice
-    inputs_before_wait: bool = False  # ExpandConfig.inputs_before_wait (opt-in: reads before the PDL wait)
 
 
 # What ``--sweep`` times, per case (``expand_config()`` is chosen from such a sweep). "default" runs first and
@@ -105,7 +104,6 @@ SWEEP: tuple[Variant, ...] = (
     Variant("streaming off", streaming=False),
     Variant("one wave, striding", cap="wave"),
     Variant("precomputed kv_indptr", indptr_in=True),
-    Variant("inputs before the PDL wait", inputs_before_wait=True),
     Variant("store only 1024/4", kernel="store_only"),
     Variant("store only 1024/4 PDL", kernel="store_only", pdl=True),
     Variant("store only 4096/8", kernel="store_only", block_t=4096, num_warps=8),
@@ -220,8 +218,7 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
         cap = int(v.cap)
     prefix_u32 = default.prefix_u32 if v.prefix_u32 is None else v.prefix_u32
     pdl = default.pdl if v.pdl is None else v.pdl
-    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming, v.chunks_first, pdl, prefix_u32,
-                         v.inputs_before_wait)
+    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming, v.chunks_first, pdl, prefix_u32)
     if v.kernel == "kernel":
         return (lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, cfg,
                                          indptr_in=v.indptr_in)), cfg
