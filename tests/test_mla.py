@@ -498,6 +498,35 @@ def test_gluon_cluster_merge_falls_back_when_clusters_do_not_fit():
     print(f"clusters of 2 resident at once: {caps[2]}")
 
 
+def test_cluster_launch_checks_and_falls_back_without_a_gpu():
+    """The in-cluster merge's pieces that need no GPU: the merge layout takes only 2, 4 or 8 splits, and a
+    Triton whose compiled-kernel metadata is not the (num_warps, num_ctas, shared) tuple that the cluster launch
+    edits gets None back (the caller then merges in a second kernel), with nothing launched."""
+    from workbench import mla_gluon
+
+    with pytest.raises(ValueError, match="a cluster merge takes one of"):
+        mla_gluon.cluster_merge_layout(3)
+    assert mla_gluon.cluster_merge_layout(8) != mla_gluon.cluster_merge_layout(2)
+
+    class FakeKernel:
+        launched = 0
+
+        def __init__(self, meta):
+            self.compiled = type("Compiled", (), {"packed_metadata": meta})()
+
+        def warmup(self, *args, grid, **kw):
+            return self.compiled
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                FakeKernel.launched += 1
+            return run
+
+    for meta in (None, (8, 1), (8, 2, 1024), [8, 1, 1024]):  # missing, short, another cluster size, not a tuple
+        assert mla_gluon.launch_clustered(FakeKernel(meta), (1, 1, 1), 4, (), {}) is None
+    assert FakeKernel.launched == 0
+
+
 def test_gluon_config_is_checked():
     with pytest.raises(ValueError, match="gluon needs block_m=64"):
         mla.TritonConfig(16, 64, 8, 2, gluon=True)
