@@ -22,7 +22,7 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster")
+                "gluon_cluster", "gluon_ws")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -47,6 +47,7 @@ out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 out["gluon"] = [codegen.gluon_kernel_report(direct=d) for d in (False, True)]
 out["gluon_cluster"] = [codegen.gluon_kernel_report(heads=16, cluster=c, pdl=True) for c in (2, 4, 8)]
+out["gluon_ws"] = [codegen.gluon_ws_kernel_report(direct=d) for d in (False, True)]
 out["meta_before_wait"] = codegen.split_kernel_report(dataclasses.replace(small, meta_before_wait=True))
 out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
 print(json.dumps(out))
@@ -214,3 +215,14 @@ def test_gluon_cluster_merge_and_pdl_variants(reports):
     assert all(r["cluster_barriers"] == 0 and r["pdl"] is None for r in reports["gluon"])
     with pytest.raises(ValueError, match="cluster merges partials"):
         codegen.gluon_kernel_report(direct=True, cluster=2)
+
+
+def test_gluon_ws_kernel_fits_and_waits_before_reading(reports):
+    """The warp-specialised gluon kernel (experimental), compiled for Hopper on any machine: it fits in an H200
+    program's shared memory (query, four 32-token tiles, two P tiles, the row statistics, the mbarriers), both
+    warpgroup functions keep their 42 wgmma, its partitions synchronise on named 128-thread barriers (a CTA-wide
+    barrier inside a partition would deadlock), and nothing is read before the PDL wait."""
+    for r in reports["gluon_ws"]:
+        assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and r["wgmma"] == 84, r
+        assert len(r["partition_barriers"]) >= 2, r
+        assert r["pdl"]["has_wait"] and r["pdl"]["global_reads_before_wait"] == 0, r

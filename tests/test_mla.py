@@ -455,6 +455,28 @@ def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype, pd
 
 
 GLUON_CLUSTER = dataclasses.replace(GLUON_PDLS, cluster_merge=True)
+GLUON_WS = dataclasses.replace(GLUON_PDLS, gluon_ws=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
+                                            (16, [16, 7, 1])])
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
+    """The warp-specialised gluon kernel (experimental, TritonConfig.gluon_ws): the cases of the gluon test above
+    (32-token tiles here, so splits end inside a tile differently), against the golden, NaN in unused cache rows
+    and in the output buffer, graph replays bit-exact."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits + 200)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=GLUON_WS, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, dtype, 0.07, f"gluon ws H{heads} q{qo_lens} s{num_splits} {dtype}")
+    assert_graph_replays_equal(
+        lambda o: mla.mla_decode_triton(*args, config=GLUON_WS, num_splits=num_splits, out=o), out)
 
 
 @pytest.mark.gpu
@@ -534,6 +556,8 @@ def test_gluon_config_is_checked():
         mla.TritonConfig(64, 64, 8, 2, gluon=True, idx_ahead=True)
     with pytest.raises(ValueError, match="cluster_merge is a mode of the gluon split kernel"):
         mla.TritonConfig(64, 64, 8, 2, cluster_merge=True)
+    with pytest.raises(ValueError, match="gluon_ws replaces the gluon split kernel"):
+        mla.TritonConfig(64, 64, 8, 2, gluon=True, gluon_ws=True, cluster_merge=True)
     if not ON_GPU:
         case = make_case([1], [5], 64, dtype=torch.float16, device=DEV)
         with pytest.raises(ValueError, match="needs compiled Triton on an NVIDIA GPU"):

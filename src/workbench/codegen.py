@@ -243,6 +243,33 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
             "pdl": pdl_report(ptx) if pdl else None, "triton": triton.__version__}
 
 
+def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16") -> dict[str, Any]:
+    """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report
+    ``shared`` (bytes), ``wgmma`` (per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps of 16,
+    2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
+    launch's ``maxnreg``; the partitions raise or lower it with setmaxnreg) and ``partition_barriers`` (the
+    named barriers of 128 threads that the partitions synchronise on)."""
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernels are 16-bit only), got {dtype!r}")
+    _require_compiled()
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from workbench import mla_gluon_ws
+
+    runtime = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+               "OUT": f"*{dtype}" if direct else "*fp32", "LSE": "*fp32", "stride_kv": "i32", "total_rows": "i32",
+               "qk_scale": "fp32", "num_splits": "i32"}
+    kernel = _compile(mla_gluon_ws.mla_decode_gluon_ws_kernel, runtime,
+                      dict(NUM_HEADS=heads, DIRECT=direct, D_LATENT=512, D_ROPE=64, PDL=True),
+                      {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE", "stride_kv"}, HOPPER,
+                      dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), source=GluonASTSource)
+    ptx = kernel.asm["ptx"]
+    regs, spills = _ptxas_usage(ptx, "gluon_ws")
+    return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+            "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
+            "pdl": pdl_report(ptx)}
+
+
 def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:
     """(registers, spilled bytes) of ``ptx`` from the bundled ``ptxas -v``."""
     with tempfile.TemporaryDirectory() as tmp:

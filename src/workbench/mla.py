@@ -888,6 +888,8 @@ class TritonConfig:
     l2_ahead: int = 0  # idx_ahead only: L2 prefetch of the rows this many tiles ahead (compiled NVIDIA only)
     gluon: bool = False  # the split kernel of workbench.mla_gluon (Hopper, 16-bit, 64x64 w8; copies of the next
     #                      tile issued before the math of this one) instead of the Triton one
+    gluon_ws: bool = False  # gluon only, experimental: the warp-specialised split kernel of workbench.mla_gluon_ws
+    #                         (two warpgroups take turns on 32-token tiles, a loader warpgroup gathers; round 22)
     cluster_merge: bool = False  # gluon only: when the split count is 2, 4 or 8, the splits of a row block run as one
     #                              thread-block cluster and merge their partials after a cluster barrier (no
     #                              second kernel); other split counts use the second-kernel merge
@@ -902,6 +904,8 @@ class TritonConfig:
                              "idx_ahead, warp_specialize, swap_ab and prefetch do not apply to it")
         if self.cluster_merge and not self.gluon:
             raise ValueError("cluster_merge is a mode of the gluon split kernel; it needs gluon=True")
+        if self.gluon_ws and (not self.gluon or self.cluster_merge):
+            raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True and no cluster_merge")
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
             raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
                              f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
@@ -951,7 +955,7 @@ class TritonConfig:
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
-                self.cluster_merge)
+                self.cluster_merge, self.gluon_ws)
 
     @property
     def label(self) -> str:
@@ -962,7 +966,7 @@ class TritonConfig:
                 + (f" ip{self.idx_prefetch}" if self.idx_prefetch else "")
                 + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else "")
                 + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else "")
-                + (" cm" if self.cluster_merge else ""))
+                + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1339,16 +1343,23 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
             scale * _LOG2E, num_splits)
     if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
         common.update(PDL=True, launch_pdl=True)
-    if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:
-        # clusters of num_splits programs along axis 0 (row block x split), merged in the kernel; only when all
-        # the clusters fit on the GPU at once (else None: the second-kernel merge below)
-        compiled = mla_gluon.launch_clustered(
-            mla_gluon.mla_decode_gluon_split_kernel, (row_blocks, 1, num_reqs), num_splits, args,
-            dict(DIRECT=False, CLUSTER=num_splits, MERGE_L=mla_gluon.cluster_merge_layout(num_splits), **common))
-        if compiled is not None:
-            _note_compiled(cfg, compiled)
-            return
-    compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, **common)
+    if cfg.gluon_ws:  # the warp-specialised kernel (experimental): same arguments but no cluster outputs
+        from workbench import mla_gluon_ws
+
+        compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
+            *args[:7], *args[9:], DIRECT=direct,
+            **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
+    else:
+        if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:
+            # clusters of num_splits programs along axis 0 (row block x split), merged in the kernel; only when
+            # all the clusters fit on the GPU at once (else None: the second-kernel merge below)
+            compiled = mla_gluon.launch_clustered(
+                mla_gluon.mla_decode_gluon_split_kernel, (row_blocks, 1, num_reqs), num_splits, args,
+                dict(DIRECT=False, CLUSTER=num_splits, MERGE_L=mla_gluon.cluster_merge_layout(num_splits), **common))
+            if compiled is not None:
+                _note_compiled(cfg, compiled)
+                return
+        compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, **common)
     _note_compiled(cfg, compiled)
     if not direct:
         merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}

@@ -80,6 +80,41 @@ def _gather_tile(k_lat_buf, k_rope_buf, KV, idx, ok, stride_kv, D_LATENT: gl.con
 
 
 @gluon.jit
+def program_range(QO_INDPTR, KV_INDPTR, req, pid_s, num_splits, NUM_HEADS: gl.constexpr, BN: gl.constexpr,
+                  PDL: gl.constexpr):
+    """The prologue both gluon split kernels share: the PDL wait (nothing before it reads memory) and trigger,
+    then request ``req``'s query and key ranges and this split's tokens (in whole tiles of BN): returns
+    ``(q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles)``."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    q_start = gl.load(QO_INDPTR + req)
+    s_q = gl.load(QO_INDPTR + req + 1) - q_start
+    kv_start = gl.load(KV_INDPTR + req)
+    s_k = gl.load(KV_INDPTR + req + 1) - kv_start
+    chunk = gl.cdiv(gl.cdiv(s_k, num_splits), BN) * BN
+    k_lo = pid_s * chunk
+    k_hi = gl.minimum(k_lo + chunk, s_k)
+    n_tiles = gl.maximum(gl.cdiv(k_hi - k_lo, BN), 0)
+    return q_start, s_q, kv_start, s_k, s_q * NUM_HEADS, k_lo, k_hi, n_tiles
+
+
+@gluon.jit
+def online_softmax_step(s, cols, k_hi, limit, qk_scale, m_prev, l_prev):
+    """One tile of the online softmax (base 2): mask keys past the split (``cols >= k_hi``) or past a row's causal
+    limit, scale, and update the running max and sum. Returns ``(p, m_new, alpha, l_new)``, ``alpha`` the factor
+    for what was accumulated before; rows that saw no key yet keep max -inf, sum 0 and ``alpha`` 0."""
+    visible = (cols[None, :] < k_hi) & (cols[None, :] <= limit[:, None])
+    s = gl.where(visible, s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_prev, gl.max(s, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_prev - m_safe)
+    return p, m_new, alpha, l_prev * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _cluster_merge(PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_rows, pid_s, CLUSTER: gl.constexpr,
                    BM: gl.constexpr, D_LATENT: gl.constexpr, MERGE_L: gl.constexpr):
     """Merge columns ``pid_s * CW .. (pid_s + 1) * CW`` (CW = D_LATENT / CLUSTER) of rows ``row0 ..`` (``n_valid``
@@ -158,21 +193,9 @@ def mla_decode_gluon_split_kernel(
         pid_m = gl.program_id(0)
         pid_s = gl.program_id(1)
     req = gl.program_id(2)
-    if PDL:  # nothing above reads memory
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    q_start = gl.load(QO_INDPTR + req)
-    s_q = gl.load(QO_INDPTR + req + 1) - q_start
-    kv_start = gl.load(KV_INDPTR + req)
-    s_k = gl.load(KV_INDPTR + req + 1) - kv_start
-    n_rows = s_q * NUM_HEADS
+    q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles = program_range(QO_INDPTR, KV_INDPTR, req, pid_s,
+                                                                              num_splits, NUM_HEADS, BN, PDL)
     if pid_m * BM < n_rows:
-        chunk = gl.cdiv(gl.cdiv(s_k, num_splits), BN) * BN
-        k_lo = pid_s * chunk
-        k_hi = gl.minimum(k_lo + chunk, s_k)
-        n_tiles = gl.maximum(gl.cdiv(k_hi - k_lo, BN), 0)
-
         q_lat_s = gl.allocate_shared_memory(dtype, [BM, D_LATENT], LAT_SL)
         q_rope_s = gl.allocate_shared_memory(dtype, [BM, D_ROPE], ROPE_SL)
         k_lat_s = gl.allocate_shared_memory(dtype, [2, BN, D_LATENT], LAT_SL)
@@ -228,15 +251,7 @@ def mla_decode_gluon_split_kernel(
             s = warpgroup_mma(q_rope_s, k_rope_s.index(buf).permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
 
-            cols = k_lo + i * BN + s_cols
-            visible = (cols[None, :] < k_hi) & (cols[None, :] <= limit[:, None])
-            s = gl.where(visible, s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s - m_safe[:, None])
-            alpha = gl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, m_i, alpha, l_i = online_softmax_step(s, k_lo + i * BN + s_cols, k_hi, limit, qk_scale, m_i, l_i)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
             p_op = gl.convert_layout(p.to(dtype), P_L)
             acc = warpgroup_mma(p_op, k_lat, acc, is_async=True)

@@ -1,0 +1,287 @@
+"""Experimental: a warp-specialised Gluon split kernel for the 64-row MLA decode (Hopper), the "seesaw".
+
+:mod:`workbench.mla_gluon` runs its two warpgroups in lockstep: both wait for a tile, both compute half of
+``S`` (32 tokens each), exchange the row maxima and ``P`` through shared memory, and both multiply ``P V``;
+the tensor cores idle during every softmax. Here the warpgroups take turns instead (FlashMLA's idea, written
+from its description): tile ``j`` (32 tokens) belongs to warpgroup ``j % 2``, which computes all of its ``S``
+and its softmax and publishes ``P_j`` and the row statistics in shared memory; both warpgroups then add
+``P_j V_j`` into their half of the output columns. A warpgroup issues ``S`` of its next tile before it waits for
+the other one's ``P``, so one warpgroup's softmax runs while the other one's products keep the tensor cores
+busy. A third partition (a loader warpgroup) gathers the cache rows with ``cp.async`` into four buffers,
+signalled by mbarriers.
+
+Per tile ``j`` (buffer ``j % 4``, statistics slot ``j % 2``), warpgroup ``w``:
+
+* ``j % 2 == w``: issue ``S_j``; wait for tile ``j-1``'s ``P`` (the other warpgroup), add ``P_{j-1} V_{j-1}``;
+  wait for both; softmax with the running max and sum of tile ``j-1`` (from shared memory); publish ``P_j``,
+  ``alpha_j``, ``m_j``, ``l_j``; add ``P_j V_j`` (``P`` from registers);
+* the other warpgroup does the same one tile later, so every ``P V`` is added in tile order.
+
+NVIDIA sm_90, 16-bit. The partial outputs have the format of :mod:`workbench.mla_gluon`'s.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from workbench.mla_gluon import online_softmax_step, program_range
+
+__all__ = ["BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "MAX_REGS", "mla_decode_gluon_ws_kernel"]
+
+BLOCK_M = 64  # folded rows per program
+BLOCK_N = 32  # tokens per tile
+NUM_BUFFERS = 4  # cache tiles in shared memory
+NUM_WARPS = 4  # the default partition: warpgroup 0 (warpgroup 1 and the loader are worker partitions)
+MAX_REGS = 168  # registers per thread for the launch: 12 warps (the loader's warpgroup counted whole) x 168
+CONSUMER_REGS = gl.constexpr(232)  # warpgroup 1's registers (warpgroup 0 gets what is left: 168 * 3 - 232 - 40 = 232)
+LOADER_REGS = gl.constexpr(40)
+LOADER_WARPS = gl.constexpr(4)  # the loader's warpgroup is allocated whole anyway; 1 warp issued too slowly (probe 1)
+
+_D_LATENT = gl.constexpr(512)  # MLA's latent width (also V's)
+_D_ROPE = gl.constexpr(64)
+
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@gluon.jit
+def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, OUT, LSE, row0, n_rows, m0,
+     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, direct, num_heads) = a
+    D_LATENT: gl.constexpr = _D_LATENT
+    # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
+    if W == 0:
+        MY_M, MY_L, MY_A, OT_M, OT_L, OT_A = M0, L0, A0, M1, L1, A1
+    else:
+        MY_M, MY_L, MY_A, OT_M, OT_L, OT_A = M1, L1, A1, M0, L0, A0
+    BM: gl.constexpr = 64
+    BN: gl.constexpr = 32
+    NBUF: gl.constexpr = 4
+    HALF: gl.constexpr = D_LATENT // 2
+    dtype: gl.constexpr = Q_L0.dtype
+    if W == 0:
+        V_MY = K_L0
+    else:
+        V_MY = K_L1
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    R4: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # the statistics' shared-memory transfers
+
+    s_rows = gl.arange(0, BM, layout=ROW_S)
+    limit = limit_base + (m0 + s_rows) // num_heads  # key t is visible to its row if t <= limit (bottom-right causal)
+    s_cols = gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=S_L)
+    acc = gl.zeros([BM, HALF], gl.float32, layout=O_L)
+
+    for t in range(W, n_tiles, 2):  # this warpgroup's tiles
+        buf = t % NBUF
+        slot = t % 2
+        # 1. S_t, issued now: it runs while the other warpgroup does its softmax of tile t-1
+        mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
+        fence_async_shared()
+        s_tok = warpgroup_mma(Q_L0, K_L0.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(Q_L1, K_L1.index(buf).permute((1, 0)), s_tok, is_async=True)
+        s_tok = warpgroup_mma(Q_ROPE, K_ROPE.index(buf).permute((1, 0)), s_tok, is_async=True)
+        # 2. P_{t-1} V_{t-1}, the other warpgroup's tile, once it is published
+        if t >= 1:
+            u = t - 1
+            mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+            fence_async_shared()
+            alpha_u = gl.convert_layout(OT_A.load(R4), ROW_O)
+            acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
+                                    acc * alpha_u[:, None], is_async=True)
+            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
+            _cta_barrier()  # every warp of this warpgroup is done with buffer (t-1) % NBUF
+            mbarrier.arrive(EMPTY.index(u % NBUF))
+        else:
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        # 3. softmax of tile t, from the running max and sum after tile t-1 (slot 1 - slot; slot 1 holds the
+        #    starting values before tile 0)
+        m_prev = gl.convert_layout(OT_M.load(R4), ROW_S)
+        l_prev = gl.convert_layout(OT_L.load(R4), ROW_S)
+        p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale, m_prev,
+                                                     l_prev)
+        p16 = p.to(dtype)
+        # 4. publish P_t and the statistics (the other warpgroup finished with this slot: it published tile t-1
+        #    after its P_{t-2} V_{t-2} completed)
+        P_S.index(W).store(p16)
+        MY_M.store(gl.convert_layout(m_new, R4))
+        MY_L.store(gl.convert_layout(l_new, R4))
+        MY_A.store(gl.convert_layout(alpha, R4))
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(P_READY.index(W))
+        # 5. P_t V_t into this warpgroup's half, P from registers
+        acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
+                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+        _cta_barrier()
+        mbarrier.arrive(EMPTY.index(buf))
+    # the last tile, when it is the other warpgroup's
+    u = n_tiles - 1
+    if (u >= 0) & (u % 2 != W):
+        mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+        fence_async_shared()
+        alpha_u = gl.convert_layout(OT_A.load(R4), ROW_O)
+        acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
+                                acc * alpha_u[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+
+    # epilogue: the running sum and max after the last tile, in the slot of its owner (slot 1, with the starting
+    # values, when there is no tile)
+    if (n_tiles + 1) % 2 == W:
+        l_o = gl.convert_layout(MY_L.load(R4), ROW_O)
+    else:
+        l_o = gl.convert_layout(OT_L.load(R4), ROW_O)
+    o_rows = gl.arange(0, BM, layout=ROW_O)
+    o_ok = o_rows < n_rows
+    d_o = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, O_L))
+    out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+    grow = (row0 + o_rows).to(gl.int64)
+    if DIRECT:
+        gl.store(OUT + grow[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty), mask=o_ok[:, None])
+    else:
+        gl.store(OUT + (out_base + grow)[:, None] * D_LATENT + d_o[None, :], out, mask=o_ok[:, None])
+    if W == 0:
+        if n_tiles % 2 == 1:  # the last tile is tile n_tiles - 1, even: this warpgroup's
+            m_s = gl.convert_layout(MY_M.load(R4), ROW_S)
+            l_s = gl.convert_layout(MY_L.load(R4), ROW_S)
+        else:
+            m_s = gl.convert_layout(OT_M.load(R4), ROW_S)
+            l_s = gl.convert_layout(OT_L.load(R4), ROW_S)
+        lse = gl.where(l_s > 0.0, (m_s + gl.log2(gl.where(l_s > 0.0, l_s, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        s_ok = s_rows < n_rows
+        gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse, mask=s_ok)
+
+
+@gluon.jit
+def _consumer0_direct(a):
+    _consumer(a, 0, True)
+
+
+@gluon.jit
+def _consumer1_direct(a):
+    _consumer(a, 1, True)
+
+
+@gluon.jit
+def _consumer0_partial(a):
+    _consumer(a, 0, False)
+
+
+@gluon.jit
+def _consumer1_partial(a):
+    _consumer(a, 1, False)
+
+
+@gluon.jit
+def _loader(a):
+    """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
+    each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, OUT, LSE, row0, n_rows, m0,
+     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, direct, num_heads) = a
+    D_LATENT: gl.constexpr = _D_LATENT
+    D_ROPE: gl.constexpr = _D_ROPE
+    BN: gl.constexpr = 32
+    NBUF: gl.constexpr = 4
+    G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LOADER_WARPS, 1], [1, 0])
+    t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, G))
+    d_half = gl.arange(0, D_LATENT // 2, layout=gl.SliceLayout(0, G))
+    d_rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, G))
+    for t in range(n_tiles):
+        buf = t % NBUF
+        mbarrier.wait(EMPTY.index(buf), ((t // NBUF) & 1) ^ 1)
+        cols = k_lo + t * BN + t_off
+        ok = cols < k_hi
+        idx = gl.load(KV_INDICES + kv_start + cols, mask=ok, other=0)
+        row = KV + idx.to(gl.int64)[:, None] * stride_kv
+        cp.async_copy_global_to_shared(K_L0.index(buf), row + d_half[None, :], mask=ok[:, None])
+        cp.async_copy_global_to_shared(K_L1.index(buf), row + D_LATENT // 2 + d_half[None, :], mask=ok[:, None])
+        cp.async_copy_global_to_shared(K_ROPE.index(buf), row + D_LATENT + d_rope[None, :], mask=ok[:, None])
+        cp.mbarrier_arrive(FULL.index(buf), increment_count=False)
+
+
+@gluon.jit
+def mla_decode_gluon_ws_kernel(
+    Q, KV, KV_INDICES, QO_INDPTR, KV_INDPTR,
+    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) fp32 partials
+    LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_rows) fp32
+    stride_kv, total_rows, qk_scale, num_splits,
+    NUM_HEADS: gl.constexpr, DIRECT: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr,
+    PDL: gl.constexpr = False,
+):
+    BM: gl.constexpr = 64
+    BN: gl.constexpr = 32
+    NBUF: gl.constexpr = 4
+    gl.static_assert((D_LATENT == 512) & (D_ROPE == 64), "MLA's 512 + 64 head dims")
+    dtype: gl.constexpr = Q.dtype.element_ty
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    req = gl.program_id(2)
+    q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles = program_range(QO_INDPTR, KV_INDPTR, req, pid_s,
+                                                                              num_splits, NUM_HEADS, BN, PDL)
+    if pid_m * BM < n_rows:
+        LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_LATENT // 2], dtype)
+        ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_ROPE], dtype)
+        KLAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_LATENT // 2], dtype)
+        KROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_ROPE], dtype)
+        P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
+        ST_SL: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        # the latent columns in two halves (0-255, 256-511): warpgroup w's V is half w, with no sliced view
+        q_l0 = gl.allocate_shared_memory(dtype, [BM, D_LATENT // 2], LAT_SL)
+        q_l1 = gl.allocate_shared_memory(dtype, [BM, D_LATENT // 2], LAT_SL)
+        q_rope = gl.allocate_shared_memory(dtype, [BM, D_ROPE], ROPE_SL)
+        k_l0 = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT // 2], KLAT_SL)
+        k_l1 = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT // 2], KLAT_SL)
+        k_rope = gl.allocate_shared_memory(dtype, [NBUF, BN, D_ROPE], KROPE_SL)
+        p_s = gl.allocate_shared_memory(dtype, [2, BM, BN], P_SL)
+        m0 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
+        m1 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
+        l0 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
+        l1 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
+        a0 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
+        a1 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
+        full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NBUF):
+            mbarrier.init(full.index(i), count=LOADER_WARPS * 32)  # one arrival per loader lane, when its copies land
+            mbarrier.init(empty.index(i), count=2)  # both warpgroups
+        for i in gl.static_range(2):
+            mbarrier.init(p_ready.index(i), count=1)
+
+        # the query tile, and the starting statistics in slot 1 (read by tile 0)
+        G4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        g_rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, G4))
+        q_base = Q + (q_start * NUM_HEADS + g_rows).to(gl.int64)[:, None] * (D_LATENT + D_ROPE)
+        d_half_g = gl.arange(0, D_LATENT // 2, layout=gl.SliceLayout(0, G4))
+        d_rope_g = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, G4))
+        cp.async_copy_global_to_shared(q_l0, q_base + d_half_g[None, :], mask=(g_rows < n_rows)[:, None])
+        cp.async_copy_global_to_shared(q_l1, q_base + D_LATENT // 2 + d_half_g[None, :], mask=(g_rows < n_rows)[:, None])
+        cp.async_copy_global_to_shared(q_rope, q_base + D_LATENT + d_rope_g[None, :], mask=(g_rows < n_rows)[:, None])
+        cp.commit_group()
+        R1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        m1.store(gl.full([BM], float("-inf"), gl.float32, layout=R1))
+        l1.store(gl.zeros([BM], gl.float32, layout=R1))
+        cp.wait_group(0)
+        _cta_barrier()
+        fence_async_shared()
+
+        row0 = q_start * NUM_HEADS + pid_m * BM
+        out_base = pid_s.to(gl.int64) * total_rows
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, OUT, LSE, row0,
+                n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV, KV_INDICES,
+                kv_start, stride_kv, DIRECT, NUM_HEADS)
+        if DIRECT:  # (constexprs do not pass into the partitions: one function per case)
+            gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )), (_loader, (args, ))],
+                               [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )), (_loader, (args, ))],
+                               [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
