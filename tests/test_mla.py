@@ -429,13 +429,16 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
     assert_graph_replays_equal(lambda out: mla.mla_decode_triton(*args, config=cfg, num_splits=6, out=out), eager_out)
 
 
+# the gluon kernels' GPU tests
+NEEDS_HOPPER = pytest.mark.skipif(
+    not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
+    reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
 GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
 GLUON_PDLS = dataclasses.replace(GLUON, pdl=True, pdl_split=True)  # split kernel and merge PDL-launched
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
-                    reason="the gluon split kernel needs an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
                                             (16, [16, 7, 1])])
@@ -459,8 +462,7 @@ GLUON_WS = dataclasses.replace(GLUON_PDLS, gluon_ws=True)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
-                    reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
                                             (16, [16, 7, 1])])
@@ -480,8 +482,7 @@ def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
-                    reason="the gluon split kernel needs an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [16, 7, 1])])
 @pytest.mark.parametrize("num_splits", [2, 4, 8, 3])
@@ -503,8 +504,7 @@ def test_gluon_cluster_merge_matches_golden(heads, qo_lens, num_splits, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
-                    reason="the gluon split kernel needs an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+@NEEDS_HOPPER
 def test_gluon_cluster_merge_falls_back_when_clusters_do_not_fit():
     """More clusters than the GPU holds at once (a second wave would double the time): the call takes the
     second-kernel merge instead, and is still right. CUDA's occupancy query gives the capacity."""

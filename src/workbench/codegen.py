@@ -204,6 +204,27 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16") -> dict[str, Any]
 GLUON_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on an H100/H200 (227 KB)
 
 
+def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], options: dict[str, Any],
+                   name: str) -> tuple[Any, str, dict[str, Any]]:
+    """Compile one of the gluon split kernels for Hopper with the library's argument types (``OUT`` in ``dtype``
+    when ``direct``, else fp32 partials) and return it, its PTX and the facts both reports share: ``regs`` and
+    ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes) and ``wgmma`` (``wgmma.mma_async`` instructions)."""
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernels are 16-bit only), got {dtype!r}")
+    _require_compiled()
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
+    if direct:
+        runtime["OUT"] = f"*{dtype}"
+    kernel = _compile(fn, runtime, dict(consts, DIRECT=direct, D_LATENT=512, D_ROPE=64), _DIVISIBLE_BY_16, HOPPER,
+                      options, source=GluonASTSource)
+    ptx = kernel.asm["ptx"]
+    regs, spills = _ptxas_usage(ptx, name)
+    return kernel, ptx, {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
+                         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx))}
+
+
 def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", cluster: int = 0,
                         pdl: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
@@ -215,32 +236,17 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX."""
     if cluster and direct:
         raise ValueError("cluster merges partials: it needs direct=False")
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernel is 16-bit only), got {dtype!r}")
-    _require_compiled()
     import triton
-    from triton.experimental.gluon._runtime import GluonASTSource
     from workbench import mla_gluon
 
-    fn = mla_gluon.mla_decode_gluon_split_kernel
-    runtime = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
-               "OUT": f"*{dtype}" if direct else "*fp32", "LSE": "*fp32", "stride_kv": "i32", "total_rows": "i32",
-               "qk_scale": "fp32", "num_splits": "i32", "FINAL_O": f"*{dtype}", "FINAL_LSE": "*fp32"}
-    consts = dict(NUM_HEADS=heads, DIRECT=direct, D_LATENT=512, D_ROPE=64)
+    consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl)
     if cluster:
         consts.update(CLUSTER=cluster, MERGE_L=mla_gluon.cluster_merge_layout(cluster))
-    if pdl:
-        consts.update(PDL=True)
-    kernel = _compile(fn, runtime, consts, {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE",
-                                            "FINAL_O", "FINAL_LSE", "stride_kv"}, HOPPER,
-                      dict(num_warps=mla_gluon.NUM_WARPS), source=GluonASTSource)
-    ptx = kernel.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx, "gluon")
-    return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
-            "cp_async_wait": sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
-            "cluster_barriers": len(re.findall(r"barrier\.cluster\.arrive", ptx)),
-            "pdl": pdl_report(ptx) if pdl else None, "triton": triton.__version__}
+    _, ptx, report = _compile_gluon(mla_gluon.mla_decode_gluon_split_kernel, dtype, direct, consts,
+                                    dict(num_warps=mla_gluon.NUM_WARPS), "gluon")
+    return dict(report, cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
+                cluster_barriers=len(re.findall(r"barrier\.cluster\.arrive", ptx)),
+                pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
 
 
 def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16") -> dict[str, Any]:
@@ -249,25 +255,13 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
     launch's ``maxnreg``; the partitions raise or lower it with setmaxnreg) and ``partition_barriers`` (the
     named barriers of 128 threads that the partitions synchronise on)."""
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernels are 16-bit only), got {dtype!r}")
-    _require_compiled()
-    from triton.experimental.gluon._runtime import GluonASTSource
     from workbench import mla_gluon_ws
 
-    runtime = {"Q": f"*{dtype}", "KV": f"*{dtype}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
-               "OUT": f"*{dtype}" if direct else "*fp32", "LSE": "*fp32", "stride_kv": "i32", "total_rows": "i32",
-               "qk_scale": "fp32", "num_splits": "i32"}
-    kernel = _compile(mla_gluon_ws.mla_decode_gluon_ws_kernel, runtime,
-                      dict(NUM_HEADS=heads, DIRECT=direct, D_LATENT=512, D_ROPE=64, PDL=True),
-                      {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE", "stride_kv"}, HOPPER,
-                      dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), source=GluonASTSource)
-    ptx = kernel.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx, "gluon_ws")
-    return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
-            "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
-            "pdl": pdl_report(ptx)}
+    _, ptx, report = _compile_gluon(mla_gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
+                                    dict(NUM_HEADS=heads, PDL=True),
+                                    dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws")
+    return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
+                pdl=pdl_report(ptx))
 
 
 def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:

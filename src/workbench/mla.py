@@ -1339,15 +1339,17 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     o_dst, lse_dst = (out, lse) if direct else (
         torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device),
         torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
-    args = (q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, out, lse, cache.stride(0), total_rows,
-            scale * _LOG2E, num_splits)
+    # both kernels take (head, tail); the cluster-capable one also the final outputs between them
+    head = (q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst)
+    tail = (cache.stride(0), total_rows, scale * _LOG2E, num_splits)
+    args = (*head, out, lse, *tail)
     if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
         common.update(PDL=True, launch_pdl=True)
-    if cfg.gluon_ws:  # the warp-specialised kernel (experimental): same arguments but no cluster outputs
+    if cfg.gluon_ws:  # the warp-specialised kernel (experimental)
         from workbench import mla_gluon_ws
 
         compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
-            *args[:7], *args[9:], DIRECT=direct,
+            *head, *tail, DIRECT=direct,
             **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
     else:
         if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:

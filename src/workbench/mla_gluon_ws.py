@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from workbench.mla_gluon import online_softmax_step, program_range
+from workbench.mla_gluon import _cta_barrier, online_softmax_step, program_range
 
 __all__ = ["BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "MAX_REGS", "mla_decode_gluon_ws_kernel"]
 
@@ -44,13 +44,10 @@ LOADER_WARPS = gl.constexpr(4)  # the loader's warpgroup is allocated whole anyw
 _D_LATENT = gl.constexpr(512)  # MLA's latent width (also V's)
 _D_ROPE = gl.constexpr(64)
 
-_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-
-
 @gluon.jit
 def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, OUT, LSE, row0, n_rows, m0,
-     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, direct, num_heads) = a
+     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
     if W == 0:
@@ -186,7 +183,7 @@ def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, OUT, LSE, row0, n_rows, m0,
-     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, direct, num_heads) = a
+     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     D_ROPE: gl.constexpr = _D_ROPE
     BN: gl.constexpr = 32
@@ -278,7 +275,7 @@ def mla_decode_gluon_ws_kernel(
         out_base = pid_s.to(gl.int64) * total_rows
         args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, OUT, LSE, row0,
                 n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV, KV_INDICES,
-                kv_start, stride_kv, DIRECT, NUM_HEADS)
+                kv_start, stride_kv, NUM_HEADS)
         if DIRECT:  # (constexprs do not pass into the partitions: one function per case)
             gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )), (_loader, (args, ))],
                                [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
