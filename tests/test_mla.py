@@ -483,6 +483,21 @@ def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 6)])
+def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen):
+    """By default a batch whose programs take >= GLUON_WS_MIN_TOKENS tokens runs the warp-specialised kernel
+    (40 ragged requests of about 3000 tokens: one split each on an H200), and matches the golden."""
+    kv_lens = [2500 + 37 * i for i in range(40)]
+    case = make_case([qlen] * 40, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + qlen)
+    sms = mla._sm_count(torch.device("cuda"))
+    cfg = mla.triton_config(qlen * heads, torch.bfloat16, case["kv_indices"].numel(), num_reqs=40, sm_count=sms)
+    assert cfg == mla.GLUON_WS_CONFIG
+    res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
+    check_against_golden(case, res.out, res.lse, torch.bfloat16, 0.07, f"default ws H{heads} qlen {qlen}")
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [16, 7, 1])])
 @pytest.mark.parametrize("num_splits", [2, 4, 8, 3])
@@ -646,6 +661,20 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     # more than 32 rows, 16-bit, on Hopper: the gluon kernel (asked for here; by default only where one is present)
     assert mla.triton_config(33, torch.bfloat16, gluon=True) == mla.GLUON_CONFIG
     assert mla.triton_config(33, torch.bfloat16, gluon=False).gluon is False
+    # the warp-specialised gluon kernel where each program takes >= GLUON_WS_MIN_TOKENS tokens (132 SMs: B=64
+    # L=4k qlen 4 runs 2 splits of 2048 tokens; B=16 L=4k qlen 4 runs 8 splits of 512 and keeps the plain one)
+    ws = dict(gluon=True, sm_count=132)
+    assert mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
+    assert mla.triton_config(128, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
+    assert mla.triton_config(64, torch.bfloat16, 16 * 4096, num_reqs=16, **ws) == mla.GLUON_CONFIG
+    assert mla.triton_config(64, torch.bfloat16, 64 * 4096, **ws) == mla.GLUON_CONFIG  # no num_reqs: the plain one
+    assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws).gluon is False  # 16 rows: Triton
+    assert not mla.prefer_gluon_ws(0, 0, 1, 132) and not mla.prefer_gluon_ws(4096, 0, 1, 132)
+    for b, l, rb in ((16, 4096, 1), (64, 4096, 1), (64, 1024, 2), (128, 8192, 2), (1, 100_000, 1), (3, 17, 4)):
+        splits = mla.default_splits(mla.GLUON_CONFIG, b, rb, b * l, 132)
+        # the two kernels share the split count, so the rule's tokens per program are the ws kernel's
+        assert splits == mla.default_splits(mla.GLUON_WS_CONFIG, b, rb, b * l, 132)
+        assert mla.prefer_gluon_ws(b * l, b, rb, 132) == (l / splits >= mla.GLUON_WS_MIN_TOKENS)
     assert not mla.triton_config(32, torch.bfloat16, gluon=True).gluon  # 32 rows: the Triton tile
     assert not mla.triton_config(64, torch.float32, gluon=True).gluon  # fp32: the Triton tile
     assert not mla.triton_config(64, torch.bfloat16, backend="hip", gluon=True).gluon  # ROCm tiles

@@ -888,7 +888,7 @@ class TritonConfig:
     l2_ahead: int = 0  # idx_ahead only: L2 prefetch of the rows this many tiles ahead (compiled NVIDIA only)
     gluon: bool = False  # the split kernel of workbench.mla_gluon (Hopper, 16-bit, 64x64 w8; copies of the next
     #                      tile issued before the math of this one) instead of the Triton one
-    gluon_ws: bool = False  # gluon only, experimental: the warp-specialised split kernel of workbench.mla_gluon_ws
+    gluon_ws: bool = False  # gluon only: the warp-specialised split kernel of workbench.mla_gluon_ws (GLUON_WS_CONFIG)
     #                         (two warpgroups take turns on 32-token tiles, a loader warpgroup gathers; round 22)
     cluster_merge: bool = False  # gluon only: when the split count is 2, 4 or 8, the splits of a row block run as one
     #                              thread-block cluster and merge their partials after a cluster barrier (no
@@ -1062,6 +1062,26 @@ GLUON_CONFIG = TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, p
                             pdl_split=True, gluon=True)
 
 
+# The warp-specialised gluon kernel (workbench.mla_gluon_ws) for calls whose programs each take at least
+# GLUON_WS_MIN_TOKENS KV tokens (round 23, 53 points on a second H200, two rounds each: 5-12 % faster at every
+# point with >= 2048 tokens per program, within 1 % or faster at 1024; at 512 and 256 mixed, up to 9 % slower,
+# e.g. B=16 L=4k qlen 4 with 8 splits 46.2 against 45.4 us, and B=32 L=1k qlen 4 35.7 against 32.9). Its
+# programs have fixed costs (the loader's start, the warpgroups' hand-overs) that short programs do not repay.
+GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True)
+GLUON_WS_MIN_TOKENS = 1024
+
+
+def prefer_gluon_ws(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> bool:
+    """Whether a gluon call of ``num_reqs`` requests, ``total_tokens`` KV tokens (an upper bound is fine) and
+    ``row_blocks`` 64-row blocks per request runs the warp-specialised kernel: its programs (at the split
+    count :data:`GLUON_CONFIG` gets, which :data:`GLUON_WS_CONFIG` shares) each take at least
+    :data:`GLUON_WS_MIN_TOKENS` tokens on average."""
+    if num_reqs <= 0 or total_tokens <= 0:
+        return False
+    splits = default_splits(GLUON_CONFIG, num_reqs, row_blocks, total_tokens, sm_count)
+    return total_tokens / (num_reqs * splits) >= GLUON_WS_MIN_TOKENS
+
+
 GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; the kernel ran with 3.6 (H200) and compiles with 3.7 (CI)
 
 
@@ -1076,11 +1096,13 @@ def gluon_available() -> bool:
 
 
 def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *,
-                  backend: str | None = None, gluon: bool | None = None) -> TritonConfig:
+                  backend: str | None = None, gluon: bool | None = None, num_reqs: int | None = None,
+                  sm_count: int | None = None) -> TritonConfig:
     """The launch parameters used for ``rows_per_req = max_qo_len * H`` folded rows and a batch of
     ``total_tokens`` KV tokens (an upper bound is fine, such as ``kv_indices.numel()``; None: a large batch).
     ``backend``: ``"cuda"`` or ``"hip"`` (default: the one this torch was built for); ROCm gets
-    :func:`rocm_triton_config`, whose tiles fit a 64 KB LDS.
+    :func:`rocm_triton_config`, whose tiles fit a 64 KB LDS. ``num_reqs`` (with ``total_tokens``) and
+    ``sm_count`` (default: the current CUDA device's) select between the two gluon kernels.
 
     Under the interpreter: the smallest legal tiles (``tl.dot`` needs 16 in every dimension).
     On a GPU: the configs the focused sweeps of ``workbench.bench.decode.explore`` chose on an H200
@@ -1096,7 +1118,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``, None: when one is present), 16-bit:
       :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
       198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
-      (round 21);
+      (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
+      each, :data:`GLUON_WS_CONFIG`, the warp-specialised kernel of :mod:`workbench.mla_gluon_ws` (round 23:
+      5-12 % faster there, :func:`prefer_gluon_ws`);
     * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
       tiles; ``idx_ahead`` there (which needs 2 stages to fit) was mixed in rounds 8-9: 3-4 % faster at 128
@@ -1139,6 +1163,10 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
         return TritonConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=3, programs_per_sm=2,
                             idx_ahead=True, pdl=True, pdl_split=True)
     if gluon:
+        if num_reqs is not None and total_tokens is not None:
+            sms = sm_count if sm_count is not None else _sm_count(torch.device("cuda", torch.cuda.current_device()))
+            if prefer_gluon_ws(total_tokens, num_reqs, -(-rows_per_req // GLUON_CONFIG.block_m), sms):
+                return GLUON_WS_CONFIG
         return GLUON_CONFIG
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
                         pdl_split=True)
@@ -1258,7 +1286,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     lse = torch.empty(total_q, heads, dtype=torch.float32, device=q.device)
     if total_q == 0 or num_reqs == 0:
         return out, lse
-    cfg = config or triton_config(max_qo_len * heads, q.dtype, kv_indices.numel())
+    cfg = config or triton_config(max_qo_len * heads, q.dtype, kv_indices.numel(), num_reqs=num_reqs,
+                                  sm_count=_sm_count(q.device))
     row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
     if num_splits is None:
         num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), _sm_count(q.device))
@@ -1345,7 +1374,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     args = (*head, out, lse, *tail)
     if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
         common.update(PDL=True, launch_pdl=True)
-    if cfg.gluon_ws:  # the warp-specialised kernel (experimental)
+    if cfg.gluon_ws:  # the warp-specialised kernel (GLUON_WS_CONFIG)
         from workbench import mla_gluon_ws
 
         compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](

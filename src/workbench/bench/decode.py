@@ -132,7 +132,8 @@ def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: i
                   torch_mem_limit: float = 6e9) -> dict[str, Any]:
     """Time the Triton decode (and, if ``torch_timer`` is given and it fits, the torch path) at one point."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
-    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel())
+    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
+                                      sm_count=mla._sm_count(pool.device))
     rows = qlen * heads
     row_blocks = -(-rows // cfg.block_m)
     splits = mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
@@ -274,7 +275,7 @@ def precompile_grid(grid: list[tuple[int, int, int, int]] | None = None, workers
     sm = mla._sm_count(common.require_gpu())
     jobs = []
     for h, q, b, l in grid:
-        cfg = mla.triton_config(q * h, torch.bfloat16, b * l)
+        cfg = mla.triton_config(q * h, torch.bfloat16, b * l, num_reqs=b, sm_count=sm)
         jobs.append((cfg, h, q, b, mla.default_splits(cfg, b, -(-q * h // cfg.block_m), b * l, sm)))
     return precompile(jobs, workers=workers, log=log)
 
@@ -729,7 +730,8 @@ def trace_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int
     :func:`summarize_trace` of the calls, and the raw stamps of call ``keep_call`` (default: the middle one)
     relative to that call's first split-kernel entry, for a timeline figure."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
-    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel())
+    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
+                                      sm_count=mla._sm_count(pool.device))
     row_blocks = -(-qlen * heads // cfg.block_m)
     splits = num_splits or mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
     out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
