@@ -1306,7 +1306,11 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and device.pdl_available(q.device)
     pdl_split = cfg.pdl_split and device.pdl_available(q.device)
-    common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl, pdl_split=pdl_split)
+    # The split kernel lets the kernel after it launch early: the second-kernel merge (pdl), or, when it is
+    # itself PDL-launched (pdl_split), whatever comes next (with one split or the fused merge, the next call's
+    # split kernel), which waits for this whole grid before its first read.
+    common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl or pdl_split,
+                                  pdl_split=pdl_split)
     grid = (row_blocks, num_splits, num_reqs)
     if trace is not None:
         _check_trace(trace, q.device, *_trace_programs(cfg, row_blocks, num_splits, num_reqs, total_rows))
