@@ -670,6 +670,9 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert mla.triton_config(64, torch.bfloat16, 64 * 4096, **ws) == mla.GLUON_CONFIG  # no num_reqs: the plain one
     assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws).gluon is False  # 16 rows: Triton
     assert not mla.prefer_gluon_ws(0, 0, 1, 132) and not mla.prefer_gluon_ws(4096, 0, 1, 132)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs sm_count"):
+            mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, gluon=True)
     for b, l, rb in ((16, 4096, 1), (64, 4096, 1), (64, 1024, 2), (128, 8192, 2), (1, 100_000, 1), (3, 17, 4)):
         splits = mla.default_splits(mla.GLUON_CONFIG, b, rb, b * l, 132)
         # the two kernels share the split count, so the rule's tokens per program are the ws kernel's

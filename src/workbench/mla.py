@@ -1164,6 +1164,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
                             idx_ahead=True, pdl=True, pdl_split=True)
     if gluon:
         if num_reqs is not None and total_tokens is not None:
+            if sm_count is None and not torch.cuda.is_available():
+                raise ValueError("triton_config(gluon=True, num_reqs=...) needs sm_count (the GPU's SM count) when no "
+                                 "CUDA device is present to read it from")
             sms = sm_count if sm_count is not None else _sm_count(torch.device("cuda", torch.cuda.current_device()))
             if prefer_gluon_ws(total_tokens, num_reqs, -(-rows_per_req // GLUON_CONFIG.block_m), sms):
                 return GLUON_WS_CONFIG
