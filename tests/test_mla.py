@@ -1050,12 +1050,40 @@ def test_decode_trace_figure_from_committed_trace():
         vmla.trace_segments(next(r for r in rows if not r.get("timeline")))
 
 
-def test_merge_tile_follows_the_row_count_unless_set():
+def test_merge_tile_follows_the_row_count_and_split_count_unless_set():
     cfg = mla.TritonConfig(16, 64, 8, 3)
     assert [cfg.merge_tile(n) for n in (16, 64, 65, 256, 257, 4096)] == \
         [(8, 16), (8, 16), (16, 16), (16, 16), (16, 32), (16, 32)]
+    # more than 256 rows: 16x16 from 8 splits, 32x32 from 4 to 7, 16x32 below (round 25)
+    assert [cfg.merge_tile(1024, s) for s in (1, 2, 3, 4, 7, 8, 87)] == \
+        [(16, 32), (16, 32), (16, 32), (32, 32), (32, 32), (16, 16), (16, 16)]
+    assert cfg.merge_tile(64, 87) == (8, 16) and cfg.merge_tile(256, 4) == (16, 16)  # few rows: the row rule
     assert dataclasses.replace(cfg, merge_block_r=32).merge_tile(16) == (32, 16)
-    assert dataclasses.replace(cfg, merge_block_d=64).merge_tile(4096) == (16, 64)
+    assert dataclasses.replace(cfg, merge_block_d=64).merge_tile(4096, 4) == (32, 64)
+    assert mla.merge_programs(1024, cfg, 4) == (1024 // 32) * (512 // 32)
+
+
+@pytest.mark.parametrize("num_splits,tile", [(2, (16, 32)), (5, (32, 32)), (8, (16, 16))])
+def test_merge_kernel_automatic_tiles_over_many_rows(num_splits, tile):
+    """The second-kernel merge with the tiles it takes above 256 rows (round 25: 16x32, 32x32 or 16x16 by split
+    count), over 300 rows (a partial row block for every tile height), random fp32 partials and LSEs with some
+    splits that saw no key (-inf), against a torch merge (log-sum-exp weights); NaN in the output buffer."""
+    dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
+    # the automatic tiles (the interpreter's config pins one whole-row tile; unpinned here)
+    cfg = dataclasses.replace(mla.triton_config(16, torch.float32), merge_block_r=None, merge_block_d=None)
+    rows = 300
+    assert cfg.merge_tile(rows, num_splits) == tile
+    g = torch.Generator().manual_seed(num_splits)
+    mid_o = torch.randn(num_splits, rows, 512, generator=g).to(dev)
+    mid_lse = (3 * torch.randn(num_splits, rows, generator=g)).to(dev)
+    mid_lse[0, ::7] = float("-inf")  # a split with no key for some rows (every row keeps at least one split)
+    out = torch.full((rows, 512), float("nan"), device=dev)
+    lse = torch.full((rows,), float("nan"), device=dev)
+    mla._launch_merge(mid_o, mid_lse, out, lse, rows, num_splits, cfg)
+    ref_lse = torch.logsumexp(mid_lse, 0)
+    ref_out = (torch.exp(mid_lse - ref_lse)[:, :, None] * mid_o).sum(0)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only (the GPU grid covers the automatic tiles)")

@@ -929,15 +929,21 @@ class TritonConfig:
                     f"block_m * 512 / (32 * num_warps) + 32 = {need} registers per thread for a {self.block_m}-row "
                     f"tile on {self.num_warps} warps")
 
-    def merge_tile(self, total_rows: int) -> tuple[int, int]:
-        """(rows, columns) per program of the second-kernel merge of ``total_rows`` folded rows: the
-        configured ones, else smaller tiles for fewer rows so that the merge still has enough programs (round
-        19: at B=1 L=32k, 16 rows and 87 splits, 8x16 tiles took 26.7 us per call against 34.8 with 16x32;
-        at B=16 L=4k, 256 rows, 16x16 took 30.1 against 30.5; at B=64 L=4k 16x32 stayed best)."""
+    def merge_tile(self, total_rows: int, num_splits: int = 1) -> tuple[int, int]:
+        """(rows, columns) per program of the second-kernel merge of ``num_splits`` partials of ``total_rows``
+        folded rows: the configured ones, else smaller tiles for fewer rows so that the merge still has enough
+        programs (round 19: at B=1 L=32k, 16 rows and 87 splits, 8x16 tiles took 26.7 us per call against 34.8
+        with 16x32; at B=16 L=4k, 256 rows, 16x16 took 30.1 against 30.5; at B=64 L=4k 16x32 stayed best), and
+        for more rows a tile that follows the split count (round 25, three rounds on one H200, each of these
+        tiles faster than 16x32 in all three: 8 splits 16x16, e.g. B=16 L=4k qlen 4 43.6 against 45.4 us and
+        qlen 2 43.4 against 45.2; 4-7 splits 32x32, e.g. qlen 8 59.7 against 61.8 and 128 heads 59.6 against
+        62.6; with 2-3 splits 16x32 stays: B=64 L=32k was slowest with every other tile)."""
         if total_rows <= 64:
             auto = (8, 16)
-        elif total_rows <= 256:
+        elif total_rows <= 256 or num_splits >= 8:
             auto = (16, 16)
+        elif num_splits >= 4:
+            auto = (32, 32)
         else:
             auto = (16, 32)
         return (self.merge_block_r or auto[0], self.merge_block_d or auto[1])
@@ -1349,7 +1355,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
 def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cfg: TritonConfig, **opts) -> None:
     """The second-kernel merge of ``num_splits`` partials of ``total_rows`` rows into ``out`` and ``lse``
     (``opts``: its PDL and trace switches)."""
-    br, bd = cfg.merge_tile(total_rows)
+    br, bd = cfg.merge_tile(total_rows, num_splits)
     _mla_decode_merge_kernel[(triton.cdiv(total_rows, br), KV_LORA_RANK // bd)](
         mid_o, mid_lse, out, lse, total_rows, num_splits, BLOCK_R=br, BLOCK_D=bd,
         SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk), D_LATENT=KV_LORA_RANK,
@@ -1406,16 +1412,16 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
         _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
 
 
-def merge_programs(total_rows: int, cfg: TritonConfig) -> int:
-    """Programs of the second-kernel merge for ``total_rows`` folded rows."""
-    br, bd = cfg.merge_tile(total_rows)
+def merge_programs(total_rows: int, cfg: TritonConfig, num_splits: int = 1) -> int:
+    """Programs of the second-kernel merge of ``num_splits`` partials of ``total_rows`` folded rows."""
+    br, bd = cfg.merge_tile(total_rows, num_splits)
     return triton.cdiv(total_rows, br) * (KV_LORA_RANK // bd)
 
 
 def _trace_programs(cfg: TritonConfig, row_blocks: int, num_splits: int, num_reqs: int,
                     total_rows: int) -> tuple[int, int]:
     """(split programs, merge programs) of a call: the rows of its two trace buffers."""
-    n_merge = 0 if num_splits == 1 or cfg.fused_merge else merge_programs(total_rows, cfg)
+    n_merge = 0 if num_splits == 1 or cfg.fused_merge else merge_programs(total_rows, cfg, num_splits)
     return row_blocks * num_splits * num_reqs, n_merge
 
 

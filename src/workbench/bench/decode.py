@@ -882,7 +882,7 @@ def explain_fixed_cost(out: str, log=print) -> None:
         if s["num_splits"] > 1:
             add("split only", b, l, s["num_splits"], time_split_only(pool, 16, 1, b, l, cfg, s["num_splits"]))
             add("merge only", b, l, s["num_splits"], time_merge_only(s["num_splits"], b * 16,
-                                                                    *cfg.merge_tile(b * 16)))
+                                                                    *cfg.merge_tile(b * 16, s["num_splits"])))
     add("one split", 128, 8192, 1, sweep([("d", cfg, (16, 1, 128, 8192), [1])], pool, log=lambda *_: None)[0]["us"])
     common.write_json(out, dict(benchmark="mla_decode_fixed_cost", provenance=common.provenance(),
                                 ceilings={"copy": copy}, config=dataclasses.asdict(cfg), rows=rows))
@@ -932,7 +932,7 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
         if (h, q, b, l) == SPLIT_ONLY_POINT:  # where the time of the smallest bar point goes
             for splits in split_list[1:]:
                 us = time_split_only(pool, h, q, b, l, cfg, splits)
-                merge_us = time_merge_only(splits, b * q * h, *cfg.merge_tile(b * q * h))
+                merge_us = time_merge_only(splits, b * q * h, *cfg.merge_tile(b * q * h, splits))
                 split_rows.append(dict(label=label, heads=h, qlen=q, batch=b, context=l, num_splits=splits,
                                        split_only_us=us, merge_only_us=merge_us))
                 log(f"{label:28s} S{splits:3d}: split only {us:6.1f} us, merge only {merge_us:5.1f} us")
