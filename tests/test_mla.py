@@ -493,6 +493,7 @@ def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen
     cfg = mla.triton_config(qlen * heads, torch.bfloat16, case["kv_indices"].numel(), num_reqs=40, sm_count=sms)
     assert cfg == mla.GLUON_WS_CONFIG
     res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
+    assert "gluon, warp-specialised split kernel" in res.reason, res.reason
     check_against_golden(case, res.out, res.lse, torch.bfloat16, 0.07, f"default ws H{heads} qlen {qlen}")
 
 
@@ -698,6 +699,8 @@ def test_auto_states_its_choice_and_matches_golden():
     case = make_case([1, 1], [5, 9], 2, dtype=torch.float16 if not ON_GPU else torch.bfloat16, device=DEV)
     res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case))
     assert res.backend == "triton" and res.reason
+    cfg, splits = mla.triton_launch_plan(case["q"], case["qo_indptr"], case["kv_indices"], 1)
+    assert f"split kernel {cfg.label}, {splits} split" in res.reason  # which kernel ran, and how many splits
     print(res.backend, "-", res.reason)
     gold, _ = mla.mla_decode_ref(**case)
     assert (res.out.float() - gold).abs().max() < 2e-2

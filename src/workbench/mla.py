@@ -1295,11 +1295,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     lse = torch.empty(total_q, heads, dtype=torch.float32, device=q.device)
     if total_q == 0 or num_reqs == 0:
         return out, lse
-    cfg = config or triton_config(max_qo_len * heads, q.dtype, kv_indices.numel(), num_reqs=num_reqs,
-                                  sm_count=_sm_count(q.device))
+    cfg, num_splits = triton_launch_plan(q, qo_indptr, kv_indices, max_qo_len, config=config, num_splits=num_splits)
     row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
-    if num_splits is None:
-        num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), _sm_count(q.device))
     scale = default_sm_scale() if sm_scale is None else float(sm_scale)
     if trace is not None and (cfg.balanced or cfg.warp_specialize):
         raise ValueError(f"trace is not available for config {cfg.label!r}: the balanced kernels and Triton's "
@@ -1350,6 +1347,22 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
     _launch_merge(mid_o, mid_lse, out, lse, total_rows, num_splits, cfg, **merge_opts)
     return out, lse
+
+
+def triton_launch_plan(q: torch.Tensor, qo_indptr: torch.Tensor, kv_indices: torch.Tensor, max_qo_len: int, *,
+                       config: TritonConfig | None = None, num_splits: int | None = None) -> tuple[TritonConfig, int]:
+    """The config and split count :func:`mla_decode_triton` launches with for these inputs (host-side
+    arithmetic only: no device sync): ``config`` or :func:`triton_config`'s choice for this call's rows,
+    dtype, KV tokens (``kv_indices.numel()``, an upper bound), request count and SM count; ``num_splits`` or
+    :func:`default_splits`'s."""
+    heads = q.shape[1]
+    num_reqs = qo_indptr.numel() - 1
+    sms = _sm_count(q.device)
+    cfg = config or triton_config(max_qo_len * heads, q.dtype, kv_indices.numel(), num_reqs=num_reqs, sm_count=sms)
+    if num_splits is None:
+        row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
+        num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), sms)
+    return cfg, num_splits
 
 
 def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cfg: TritonConfig, **opts) -> None:
@@ -1655,7 +1668,8 @@ class DecodeOutput(NamedTuple):
     out: torch.Tensor  # (total_q, H, 512): q.dtype (triton, aiter) or float32 (torch golden)
     lse: torch.Tensor | None  # (total_q, H) float32 natural-log LSE; None if the aiter version gives none
     backend: str  # "triton" | "torch" | "aiter"
-    reason: str  # why this backend (for "auto"), and which path (aiter: persistent or not)
+    reason: str  # why this backend (for "auto"), and which path (aiter: persistent or not; triton: the kernel,
+    #              its config label and split count)
 
 
 def choose_backend(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata) -> tuple[str, str]:
@@ -1726,7 +1740,11 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata
     if backend == "triton":
         out, lse = mla_decode_triton(q, kv_cache, metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices,
                                      metadata.max_qo_len, sm_scale)
-        return DecodeOutput(out, lse, "triton", reason)
+        # what that call launched (the same host-side choice, made again after its input checks)
+        cfg, splits = triton_launch_plan(q, metadata.qo_indptr, metadata.kv_indices, metadata.max_qo_len)
+        kernel = "gluon, warp-specialised" if cfg.gluon_ws else "gluon" if cfg.gluon else "triton"
+        return DecodeOutput(out, lse, "triton",
+                            f"{reason}; {kernel} split kernel {cfg.label}, {splits} split{'s' if splits > 1 else ''}")
     out, lse, persistent = mla_decode_aiter(q, kv_cache, metadata, sm_scale)
     path = "persistent (get_mla_metadata_v1)" if persistent else "non-persistent (qlen > 1)"
     return DecodeOutput(out, lse, "aiter", f"{reason}; {path}")
