@@ -150,18 +150,35 @@ def test_more_requests_than_grid_axis_1_allows(monkeypatch):
     check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=CONFIGS["chunk16"])
 
 
+@pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("config", ["default", "chunk16"])
-def test_precomputed_kv_indptr_path(config):
-    # INDPTR_IN (the benchmark's measure of the prefix sum's cost): start and length come from kv_indptr.
+def test_precomputed_kv_indptr_path(config, validate):
+    # expand_page_indices(precomputed_kv_indptr=True), the kernel's INDPTR_IN: start and length come from the
+    # caller's kv_indptr (as vLLM's builder computes it), which is left unchanged.
     block_table, seq_lens, _ = make_batch([5, 0, 33, 17, 64], 16, seed=4)
     ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
     out = torch.full((ref_indices.numel() + 9,), SENTINEL, dtype=torch.int32, device=DEV)
     indptr = ref_indptr.to(DEV)
-    E._launch_expand(block_table, seq_lens, 16, out, indptr, 64, CONFIGS[config] or E.expand_config(5, 64),
-                     indptr_in=True)
+    got, got_indptr = E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=64,
+                                            validate=validate, config=CONFIGS[config], precomputed_kv_indptr=True)
+    assert got_indptr is indptr and torch.equal(indptr.cpu(), ref_indptr), "kv_indptr must be left unchanged"
     assert torch.equal(out[:ref_indices.numel()].cpu(), ref_indices)
     assert (out[ref_indices.numel():] == SENTINEL).all()
-    assert torch.equal(indptr.cpu(), ref_indptr), "the INDPTR_IN path must not write kv_indptr"
+
+
+def test_precomputed_kv_indptr_is_checked():
+    block_table, seq_lens, _ = make_batch([5, 0, 33], 16, seed=5)
+    with pytest.raises(ValueError, match="precomputed_kv_indptr=True reads the request offsets from kv_indptr"):
+        E.expand_page_indices(block_table, seq_lens, 16, precomputed_kv_indptr=True)
+    bad = torch.tensor([0, 5, 5, 39], dtype=torch.int32, device=DEV)  # 38 = 5 + 0 + 33 expected last
+    with pytest.raises(ValueError, match=r"kv_indptr\[3\] = 39 but \[0, cumsum\(seq_lens\)\] has 38"):
+        E.expand_page_indices(block_table, seq_lens, 16, kv_indptr=bad, precomputed_kv_indptr=True)
+    with pytest.raises(ValueError, match="kv_indptr must have num_reqs"):
+        E.expand_page_indices(block_table, seq_lens, 16, kv_indptr=bad[:3], precomputed_kv_indptr=True)
+    # an empty batch: a given kv_indptr of [0] stays as it is
+    empty = torch.zeros(1, dtype=torch.int32, device=DEV)
+    got, ptr = E.expand_page_indices(block_table[:0], seq_lens[:0], 16, kv_indptr=empty, precomputed_kv_indptr=True)
+    assert got.numel() == 0 and ptr is empty and int(empty[0]) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
