@@ -22,7 +22,7 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster", "gluon_ws")
+                "gluon_cluster", "gluon_ws", "merge_tiles")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -44,6 +44,11 @@ out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
+# every (tile, splits loaded at once) the second-kernel merge launches with above 256 rows, for 2..32 splits
+merge_cfg = mla.TritonConfig(16, 64, 8, 3)
+launches = sorted({(*merge_cfg.merge_tile(1024, s), min(1 << (s - 1).bit_length(), merge_cfg.merge_split_chunk))
+                   for s in range(2, 33)})
+out["merge_tiles"] = [codegen.merge_tile_report(br, bd, c, arch) for br, bd, c in launches for arch in ("sm_90", "gfx942")]
 small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 out["gluon"] = [codegen.gluon_kernel_report(direct=d) for d in (False, True)]
 out["gluon_cluster"] = [codegen.gluon_kernel_report(heads=16, cluster=c, pdl=True) for c in (2, 4, 8)]
@@ -215,6 +220,19 @@ def test_gluon_cluster_merge_and_pdl_variants(reports):
     assert all(r["cluster_barriers"] == 0 and r["pdl"] is None for r in reports["gluon"])
     with pytest.raises(ValueError, match="cluster merges partials"):
         codegen.gluon_kernel_report(direct=True, cluster=2)
+
+
+def test_merge_tiles_compile_without_spills(reports):
+    """The merge tiles chosen by split count (round 25: 16x32, 32x32, 16x16 above 256 rows), each with the split
+    chunks it is launched with for 2..32 splits, compile for Hopper and for MI300X (gfx942) without spills or
+    scratch: the 32x32 tile holds up to 8 x 32 x 32 fp32 partials in registers."""
+    tiles = {tuple(r["tile"]) for r in reports["merge_tiles"]}
+    assert tiles == {(16, 32), (32, 32), (16, 16)}, tiles
+    for r in reports["merge_tiles"]:
+        if r["arch"] == "sm_90":
+            assert r["spill_bytes"] == 0 and r["regs"] is not None, r
+        else:
+            assert r["scratch_bytes"] == 0 and r["vgprs"] is not None, r
 
 
 def test_gluon_ws_kernel_fits_and_waits_before_reading(reports):

@@ -201,6 +201,37 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16") -> dict[str, Any]
     return dict(pdl_report(kernel.asm["ptx"]), pdl=pdl)
 
 
+def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = "sm_90",
+                      dtype: str = "bf16") -> dict[str, Any]:
+    """Compile the second-kernel merge with one tile (``block_r`` rows x ``block_d`` columns, ``split_chunk``
+    partials loaded at once; :meth:`workbench.mla.TritonConfig.merge_tile` picks the tile) for ``arch``
+    (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report its registers and spills: ``regs`` and
+    ``spill_bytes`` (``ptxas -v``) on NVIDIA, ``vgprs`` and ``scratch_bytes`` on AMD."""
+    targets = dict(AMD_TARGETS, sm_90=HOPPER)
+    if arch not in targets:
+        raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    _require_compiled()
+    from workbench import mla
+    runtime = {"MID_O": "*fp32", "MID_LSE": "*fp32", "OUT": f"*{dtype}", "LSE": "*fp32", "total_rows": "i32",
+               "num_splits": "i32"}
+    consts = dict(BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=split_chunk, D_LATENT=mla.KV_LORA_RANK,
+                  GDC_WAIT=False, LAUNCH_DEPENDENTS=False, TRACE_BUF=None, TRACE=False)
+    kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
+                      targets[arch], dict(num_warps=4))
+    report: dict[str, Any] = {"tile": (block_r, block_d), "split_chunk": split_chunk, "arch": arch}
+    if arch == "sm_90":
+        report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "_mla_decode_merge_kernel")
+    else:
+        amdgcn = kernel.asm["amdgcn"]
+        vgprs = re.findall(r"NumVgprs:\s+(\d+)", amdgcn)
+        scratch = re.findall(r"ScratchSize:\s+(\d+)", amdgcn)
+        report["vgprs"] = int(vgprs[0]) if vgprs else None
+        report["scratch_bytes"] = int(scratch[0]) if scratch else None
+    return report
+
+
 GLUON_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on an H100/H200 (227 KB)
 
 
