@@ -39,7 +39,7 @@ def _probe_kernel(block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr,
         seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
     else:
         seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-        if PREFIX == 0:
+        if PREFIX == 0 or PREFIX == 6:  # the library's prefix sum (mode 6 only moves the kv_indptr store)
             lanes = tl.arange(0, 32)
             part = tl.zeros([32], dtype=tl.int64)
             for i in tl.static_range(0, BLOCK_R, 32):
@@ -55,13 +55,6 @@ def _probe_kernel(block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr,
             ot = (num_reqs // 4) * 4 + tl.arange(0, 4)
             tail = tl.load(seq_lens_ptr + ot, mask=ot < r, other=0).to(tl.uint32)
             start = (tl.sum(tl.where(o < r, x, 0)) + tl.sum(tail)).to(tl.int64)
-        elif PREFIX == 6:
-            lanes = tl.arange(0, 32)
-            part = tl.zeros([32], dtype=tl.int64)
-            for i in tl.static_range(0, BLOCK_R, 32):
-                o = i + lanes
-                part += tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64)
-            start = tl.sum(part).to(tl.int64)
         else:
             lanes = tl.arange(0, 32)
             start = tl.sum(tl.load(seq_lens_ptr + lanes, mask=lanes < r, other=0).to(tl.int64)).to(tl.int64)
