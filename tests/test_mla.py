@@ -435,13 +435,14 @@ NEEDS_HOPPER = pytest.mark.skipif(
     reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
 GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
 GLUON_PDLS = dataclasses.replace(GLUON, pdl=True, pdl_split=True)  # split kernel and merge PDL-launched
+# (heads, query lengths) of the gluon kernels' golden tests: 128 heads, ragged and causal qlen up to 16
+GLUON_CASES = [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]), (16, [16, 7, 1])]
 
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
-                                            (16, [16, 7, 1])])
+@pytest.mark.parametrize("heads,qo_lens", GLUON_CASES)
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype, pdl):
@@ -464,8 +465,7 @@ GLUON_WS = dataclasses.replace(GLUON_PDLS, gluon_ws=True)
 @pytest.mark.gpu
 @NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,qo_lens", [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]),
-                                            (16, [16, 7, 1])])
+@pytest.mark.parametrize("heads,qo_lens", GLUON_CASES)
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
     """The warp-specialised gluon kernel (experimental, TritonConfig.gluon_ws): the cases of the gluon test above
