@@ -142,12 +142,15 @@ def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str 
     import triton
 
     kernel = _compile_split(cfg, heads, dtype, False, AMD_TARGETS[arch])
-    amdgcn = kernel.asm["amdgcn"]
+    return {"label": cfg.label, "arch": arch, "shared": kernel.metadata.shared, **_amd_usage(kernel.asm["amdgcn"]),
+            "triton": triton.__version__}
+
+
+def _amd_usage(amdgcn: str) -> dict[str, int | None]:
+    """``vgprs`` and ``scratch_bytes`` (spilled registers) from the kernel notes of AMDGCN assembly."""
     vgprs = re.findall(r"NumVgprs:\s+(\d+)", amdgcn)
     scratch = re.findall(r"ScratchSize:\s+(\d+)", amdgcn)
-    return {"label": cfg.label, "arch": arch, "shared": kernel.metadata.shared,
-            "vgprs": int(vgprs[0]) if vgprs else None, "scratch_bytes": int(scratch[0]) if scratch else None,
-            "triton": triton.__version__}
+    return {"vgprs": int(vgprs[0]) if vgprs else None, "scratch_bytes": int(scratch[0]) if scratch else None}
 
 
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
@@ -224,11 +227,7 @@ def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = 
     if arch == "sm_90":
         report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "_mla_decode_merge_kernel")
     else:
-        amdgcn = kernel.asm["amdgcn"]
-        vgprs = re.findall(r"NumVgprs:\s+(\d+)", amdgcn)
-        scratch = re.findall(r"ScratchSize:\s+(\d+)", amdgcn)
-        report["vgprs"] = int(vgprs[0]) if vgprs else None
-        report["scratch_bytes"] = int(scratch[0]) if scratch else None
+        report.update(_amd_usage(kernel.asm["amdgcn"]))
     return report
 
 
