@@ -21,7 +21,7 @@ import torch
 from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "merge", "meta_before_wait", "no_pdl_split", "gluon",
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles")
 
 SCRIPT = """
@@ -43,6 +43,8 @@ amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="b
 out["amd"] = amd
 out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "sm_90")]
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
+out["expand_group"] = [codegen.expand_kernel_report(a, block_t=128, num_warps=1, group=8, pdl=a == "sm_90")
+                       for a in ("gfx942", "sm_90")]
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 # every (tile, splits loaded at once) the second-kernel merge launches with above 256 rows, for 2..32 splits
 merge_cfg = mla.TritonConfig(16, 64, 8, 3)
@@ -174,6 +176,16 @@ def test_pdl_expansion_reads_nothing_before_its_wait(reports):
     assert r["barriers_before_first_store"] == 0 and plain["barriers_before_first_store"] == 0, (r, plain)
     with pytest.raises(ValueError, match="pdl needs an NVIDIA target"):
         codegen.expand_kernel_report("gfx942", pdl=True)
+
+
+def test_request_group_path_compiles_and_reads_nothing_before_its_wait(reports):
+    """The path that packs 8 requests into one program (expand_config's choice for thousands of short requests)
+    compiles for MI300X and Hopper, and launched with PDL it too reads nothing before griddepcontrol.wait."""
+    amd, hopper = reports["expand_group"]
+    assert (amd["arch"], amd["group"], hopper["group"]) == ("gfx942", 8, 8)
+    assert all(0 <= r["shared"] <= 16384 for r in (amd, hopper)), (amd, hopper)
+    assert hopper["has_wait"] and hopper["global_reads_before_wait"] == 0 and hopper["global_writes_before_wait"] == 0
+    assert hopper["launch_dependents_after_wait"], hopper
 
 
 def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):

@@ -8,6 +8,7 @@ On CPU the kernels run under the Triton interpreter, so sizes stay small.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from importlib import resources
@@ -80,6 +81,14 @@ CONFIGS = {
     "chunk64-8warps-streaming": E.ExpandConfig(block_t=64, num_warps=8, streaming_stores=True),
     "chunk16-requests-first": E.ExpandConfig(block_t=16, chunks_first=False),
     "chunk16-prefix-u32": E.ExpandConfig(block_t=16, prefix_u32=True),
+    # several requests per program, a (group, block_t) tile: rows of different lengths in one tile, groups that
+    # run past the last request, and chunks the tile strides over when a request is longer than block_t
+    "group4-chunk16": E.ExpandConfig(block_t=16, group=4),
+    "group8-chunk32-stride2-u32": E.ExpandConfig(block_t=32, group=8, max_chunk_programs=2, prefix_u32=True),
+    "group2-chunk16-requests-first": E.ExpandConfig(block_t=16, group=2, chunks_first=False),
+    # the prefix sum in a wide accumulator, 16-byte loads and a tail of at most 3 (one-warp programs)
+    "chunk16-1warp-wide": E.ExpandConfig(block_t=16, num_warps=1, wide_prefix=True),
+    "group4-chunk16-wide-u32": E.ExpandConfig(block_t=16, num_warps=1, group=4, wide_prefix=True, prefix_u32=True),
 }
 
 
@@ -131,27 +140,29 @@ def test_full_rows_are_never_read_past_their_end(K):
     check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=E.ExpandConfig(block_t=64))
 
 
-@pytest.mark.parametrize("config", ["chunk16", "chunk16-prefix-u32"])
-def test_prefix_sum_over_several_steps(monkeypatch, config):
-    # More requests than seq_lens summed per step (1024 on a GPU; 32, the least, here): the prefix sum loops,
+@pytest.mark.parametrize("config", ["chunk16", "chunk16-prefix-u32", "group4-chunk16", "group8-chunk32-stride2-u32",
+                                    "chunk16-1warp-wide", "group4-chunk16-wide-u32"])
+def test_prefix_sum_over_several_steps(config):
+    # More requests than seq_lens summed per step (1024 by default; 32, the least, here): the prefix sum loops,
     # three steps for the last requests.
-    monkeypatch.setattr(E, "MAX_BLOCK_R", 32)
     rng = random.Random(11)
     lens = [rng.randint(0, 40) for _ in range(77)]
     block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=11)
-    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks, config=CONFIGS[config])
+    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks,
+                       config=dataclasses.replace(CONFIGS[config], prefix_block=32))
 
 
-def test_more_requests_than_grid_axis_1_allows(monkeypatch):
-    # Chunks-first puts requests on grid axis 1 (65535 at most on a GPU; 2 here): beyond that the launch
-    # falls back to requests first, with the same result.
+@pytest.mark.parametrize("config", ["chunk16", "group2-chunk16-requests-first", "group4-chunk16"])
+def test_more_requests_than_grid_axis_1_allows(monkeypatch, config):
+    # Chunks-first puts requests (or groups of them) on grid axis 1 (65535 at most on a GPU; 2 here): beyond
+    # that the launch falls back to requests first, with the same result (group 4: 2 groups, no fallback).
     monkeypatch.setattr(E, "GRID_AXIS1_MAX", 2)
     block_table, seq_lens, num_blocks = make_batch([17, 0, 40, 5, 33], 4, seed=12)
-    check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+    check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=CONFIGS[config])
 
 
 @pytest.mark.parametrize("validate", [True, False])
-@pytest.mark.parametrize("config", ["default", "chunk16"])
+@pytest.mark.parametrize("config", ["default", "chunk16", "group4-chunk16"])
 def test_precomputed_kv_indptr_path(config, validate):
     # expand_page_indices(precomputed_kv_indptr=True), the kernel's INDPTR_IN: start and length come from the
     # caller's kv_indptr (as vLLM's builder computes it), which is left unchanged.
@@ -181,20 +192,22 @@ def test_precomputed_kv_indptr_is_checked():
     assert got.numel() == 0 and ptr is empty and int(empty[0]) == 0
 
 
+@pytest.mark.parametrize("config", ["chunk16", "group4-chunk16"])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("K", [1, 16])
-def test_kernel_dtypes(K, dtype):
+def test_kernel_dtypes(K, dtype, config):
     block_table, seq_lens, num_blocks = make_batch([3, 0, 2 * K + 1, 97], K, seed=3, dtype=dtype)
-    check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+    check_against_spec(block_table, seq_lens, K, num_blocks=num_blocks, config=CONFIGS[config])
 
 
+@pytest.mark.parametrize("config", ["chunk16", "group4-chunk16"])
 @pytest.mark.parametrize("K", [2, 16])
-def test_strided_block_table_and_garbage_padding(K):
+def test_strided_block_table_and_garbage_padding(K, config):
     # A view into a wider table (row stride > width) whose padding is -1: neither may be read.
     block_table, seq_lens, num_blocks = make_batch([K + 1, 5, 3 * K], K, seed=1, pad_blocks=3, pad_value=-1)
     view = block_table[:, : block_table.shape[1] - 1]
     assert view.stride(0) != view.shape[1]
-    check_against_spec(view, seq_lens, K, num_blocks=num_blocks, config=CONFIGS["chunk16"])
+    check_against_spec(view, seq_lens, K, num_blocks=num_blocks, config=CONFIGS[config])
 
 
 def test_empty_batch_and_all_zero_lengths():
@@ -226,10 +239,10 @@ def test_no_validate_path_with_preallocated_buffers():
     assert torch.equal(indptr.cpu(), ref_indptr)
 
 
-def _property(K, seq_lens, seed, block_t, stride_cap):
+def _property(K, seq_lens, seed, block_t, stride_cap, group):
     block_table, lens, num_blocks = make_batch(seq_lens, K, seed=seed, pad_blocks=seed % 3)
     check_against_spec(block_table, lens, K, num_blocks=num_blocks,
-                       config=E.ExpandConfig(block_t=block_t, max_chunk_programs=stride_cap))
+                       config=E.ExpandConfig(block_t=block_t, max_chunk_programs=stride_cap, group=group))
 
 
 if given is not None:
@@ -239,6 +252,7 @@ if given is not None:
         seed=st.integers(0, 2**16),
         block_t=st.sampled_from([16, 64, 1024]),
         stride_cap=st.sampled_from([1, 3, 65535]),
+        group=st.sampled_from([1, 2, 4, 8]),
     )(_property))
 else:  # pragma: no cover
     @pytest.mark.skip(reason="hypothesis is not installed here (pip install hypothesis)")
@@ -400,6 +414,43 @@ def test_interpreter_refuses_non_cpu_tensors():
                               kv_indptr=torch.empty(2, dtype=torch.int32, device="meta"), max_seq_len=4, validate=False)
 
 
+def test_expand_config_rule():
+    """The launch rule of expand_config (chosen from the eighth session's H200 sweep; the numbers are in its
+    docstring): 4 warps for few requests and for streaming outputs, 1 warp otherwise; chunks of
+    next_pow2(max_seq_len) up to 1024; request groups only for many short requests."""
+    few, mid, big = E.expand_config(1, 97_000), E.expand_config(256, 4_096), E.expand_config(512, 131_072)
+    assert (few.num_warps, few.block_t, few.group, few.pdl) == (4, 1024, 1, True)
+    assert (mid.num_warps, mid.block_t, mid.group) == (1, 1024, 1)
+    assert (big.num_warps, big.group, big.streaming_stores, big.pdl) == (4, 1, True, False)
+    assert E.expand_config(1000, 300).block_t == 512 and E.expand_config(3, 0).block_t == 16
+    for R in (2 * E.GROUP_PROGRAMS, 4 * E.GROUP_PROGRAMS - 1):  # groups of 2 never pay: none below 4 per group
+        assert E.expand_config(R, 100).group == 1
+    assert E.expand_config(100_000, 4_096).group == 1  # long requests keep the 16-byte vector stores
+    for R, L, g in ((2048, 200, 4), (4096, 100, 8), (4096, 999, 4), (8192, 64, 16), (16_384, 32, 32)):
+        cfg = E.expand_config(R, L)
+        assert cfg.group == g and cfg.num_warps == 1 and cfg.group * cfg.block_t <= 4096, (R, L, cfg)
+        assert cfg.block_t >= L and R // cfg.group >= E.GROUP_PROGRAMS, (R, L, cfg)
+        assert R // cfg.group < 2 * E.GROUP_PROGRAMS or cfg.group * cfg.block_t == 4096, (R, L, cfg)  # tile cap
+
+
+@pytest.mark.parametrize("field, value", [("block_t", 1000), ("block_t", 0), ("num_warps", 3), ("group", 6),
+                                          ("group", True), ("max_chunk_programs", 0), ("prefix_block", 16)])
+def test_expand_config_rejects_bad_shapes(field, value):
+    with pytest.raises(ValueError, match=f"ExpandConfig.{field} must be"):
+        E.ExpandConfig(**{field: value})
+
+
+def test_default_config_packs_many_short_requests(monkeypatch):
+    # The default rule with groups, on a batch small enough for the interpreter (groups from 4 * 4 requests):
+    # ragged short requests, zeros included, 37 requests in groups of 4 (the last group runs past the batch).
+    monkeypatch.setattr(E, "GROUP_PROGRAMS", 4)
+    rng = random.Random(21)
+    lens = [rng.randint(0, 60) for _ in range(35)] + [0, 64]
+    assert E.expand_config(len(lens), max(lens)).group == 8
+    block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=21)
+    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks)
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU only: larger sizes and CUDA-graph capture
 # ----------------------------------------------------------------------------------------------
@@ -418,6 +469,23 @@ def test_gpu_large_against_pre_pr(K, dtype):
     assert torch.equal(pre[0], post[0]) and torch.equal(pre[1], post[1])
     serial = E.expand_page_indices_serial(block_table, seq_lens, K)
     assert torch.equal(serial[0], post[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: large sizes need compiled kernels")
+@pytest.mark.parametrize("R, max_len", [(1000, 600), (5000, 200), (20_000, 40)])
+def test_gpu_many_requests_default_config(R, max_len):
+    """Large decode batches under expand_config's rule (one warp; request groups from 2048 short requests on),
+    both the in-kernel prefix sum and the caller's kv_indptr, against the pre-PR path."""
+    K = 16
+    rng = random.Random(R)
+    lens = [rng.randint(0, max_len) for _ in range(R - 2)] + [0, max_len]
+    block_table, seq_lens, num_blocks = make_batch(lens, K, seed=R)
+    pre = E.expand_page_indices_pre_pr(block_table, seq_lens, K)
+    post = E.expand_page_indices(block_table, seq_lens, K, num_blocks=num_blocks)
+    assert torch.equal(pre[0], post[0]) and torch.equal(pre[1], post[1])
+    given = E.expand_page_indices(block_table, seq_lens, K, kv_indptr=pre[1].clone(), precomputed_kv_indptr=True)
+    assert torch.equal(pre[0], given[0])
 
 
 @pytest.mark.gpu
@@ -449,14 +517,15 @@ def test_gpu_cuda_graph_capture_and_replay():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.on_gpu(), reason="no GPU: PDL and CUDA graphs need one")
-def test_gpu_pdl_launch_waits_for_the_kernel_before():
+@pytest.mark.parametrize("cfg", [E.ExpandConfig(block_t=256), E.ExpandConfig(block_t=256, num_warps=1, group=4)],
+                         ids=["one-request-programs", "request-groups"])
+def test_gpu_pdl_launch_waits_for_the_kernel_before(cfg):
     """With PDL (the default on sm_90+) an expansion may start while the kernel ahead of it runs. Each step
     below reads what the step before it has just written: torch copies write block_table and seq_lens, the
     expansion computes kv_indptr, and a second expansion reads that kv_indptr (the precomputed-kv_indptr path,
     also PDL-launched) right after the first one triggered its dependents. 40 steps in one CUDA graph, each with
     new inputs; every output must equal the spec's."""
     K, R, cap_blocks = 16, 24, 80
-    cfg = E.ExpandConfig(block_t=256)
     g = torch.Generator().manual_seed(5)
     steps = []
     for i in range(40):

@@ -154,9 +154,10 @@ def _amd_usage(amdgcn: str) -> dict[str, int | None]:
 
 
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
-                         pdl: bool = False) -> dict[str, Any]:
+                         pdl: bool = False, group: int = 1) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
     ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
+    ``group`` > 1: the path that packs that many requests into one program (``ExpandConfig.group``).
 
     ``pdl`` (``sm_90`` only): compile it as launched with programmatic dependent launch, and also report
     ``global_loads_before_wait`` (``ld.global`` instructions in the PTX before its first ``griddepcontrol.wait``:
@@ -172,12 +173,13 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     import triton
     from workbench import expand
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
-               "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32"}
+               "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "num_reqs": "i32"}
     consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True, PDL=pdl)
+                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       targets[arch], dict(num_warps=num_warps))
-    report: dict[str, Any] = {"arch": arch, "shared": kernel.metadata.shared, "triton": triton.__version__}
+    report: dict[str, Any] = {"arch": arch, "group": group, "shared": kernel.metadata.shared,
+                              "triton": triton.__version__}
     if arch == "sm_90":
         ptx = kernel.asm["ptx"]
         report.update(pdl_report(ptx))

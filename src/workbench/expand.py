@@ -351,6 +351,80 @@ def _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T: tl.constex
 
 
 @triton.jit
+def _prefix_sum(seq_lens_ptr, r0, BLOCK_R: tl.constexpr, PREFIX_LOOP: tl.constexpr, PREFIX_U32: tl.constexpr,
+                WIDE: tl.constexpr = False):
+    """``sum(seq_lens[:r0])`` as an int64 scalar (where the request ``r0`` starts in ``kv_indices``).
+
+    Default: summed in a 32-wide vector (every warp holds all of it) and reduced once at the end: the
+    reduction stays inside a warp, with no shared memory and no barrier. A BLOCK_R-wide vector spans the
+    warps, and its cross-warp reduction cost 256 x 4k about 0.4 us against 32 x 32k (same output, 32
+    seq_lens summed). Each warp of each program loads the ``r0`` entries: the grid's prefix work is
+    (programs x warps x r0), which is why :func:`expand_config` packs short requests into groups and uses one
+    warp for large batches.
+
+    ``WIDE`` (for one-warp programs): a BLOCK_R-wide accumulator, BLOCK_R / 32 neighbouring entries per lane,
+    loaded in whole 16-byte groups (the mask ends on a multiple of 4, so the loads can be vector loads) plus a
+    masked tail of at most 3, and reduced once at the end: BLOCK_R entries per step instead of 32.
+    """
+    acc_ty: tl.constexpr = tl.uint32 if PREFIX_U32 else tl.int64
+    if WIDE:
+        o = tl.arange(0, BLOCK_R)
+        r4 = (r0 // 4) * 4
+        acc = tl.zeros([BLOCK_R], dtype=acc_ty)
+        for j in range(0, r4, BLOCK_R):
+            acc += tl.load(seq_lens_ptr + j + o, mask=j + o < r4, other=0).to(acc_ty)
+        tail = r4 + tl.arange(0, 4)
+        total = tl.sum(acc) + tl.sum(tl.load(seq_lens_ptr + tail, mask=tail < r0, other=0).to(acc_ty))
+    else:
+        lanes = tl.arange(0, 32)
+        part = tl.zeros([32], dtype=acc_ty)
+        for i in tl.static_range(0, BLOCK_R, 32):  # BLOCK_R / 32 independent loads, issued back to back
+            o = i + lanes
+            part += tl.load(seq_lens_ptr + o, mask=o < r0, other=0).to(acc_ty)
+        if PREFIX_LOOP:
+            for j in range(BLOCK_R, r0, BLOCK_R):
+                for i in tl.static_range(0, BLOCK_R, 32):
+                    o = j + i + lanes
+                    part += tl.load(seq_lens_ptr + o, mask=o < r0, other=0).to(acc_ty)
+        total = tl.sum(part)
+    return total.to(tl.int64)
+
+
+@triton.jit
+def _expand_group(
+    block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr, num_reqs,
+    g, c, n_c, K: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr, BLOCK_R: tl.constexpr,
+    PREFIX_LOOP: tl.constexpr, INDPTR_IN: tl.constexpr, STORE_CACHE: tl.constexpr, PREFIX_U32: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """One program's work when it covers GROUP consecutive requests (``g * GROUP ..``) at once, as a
+    ``(GROUP, BLOCK_T)`` tile: for batches of many short requests. The prefix sum is taken once for the
+    group's first request and extended over the group by a cumulative sum, so the grid sums GROUP times
+    fewer ``seq_lens`` than with one program per request, and launches GROUP times fewer programs."""
+    req = g * GROUP + tl.arange(0, GROUP)
+    valid = req < num_reqs
+    rows = block_table_ptr + req.to(tl.int64) * block_table_stride
+    if INDPTR_IN:
+        st = tl.load(kv_indptr_ptr + req, mask=valid, other=0)
+        lens = (tl.load(kv_indptr_ptr + req + 1, mask=valid, other=0) - st).to(tl.int32)
+        start = st.to(tl.int64)
+    else:
+        lens = tl.load(seq_lens_ptr + req, mask=valid, other=0).to(tl.int32)
+        lens64 = lens.to(tl.int64)
+        start = _prefix_sum(seq_lens_ptr, g * GROUP, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE) + tl.cumsum(lens64, 0) - lens64
+        if c == 0:  # GROUP neighbouring kv_indptr entries in one store
+            tl.store(kv_indptr_ptr + req + 1, (start + lens64).to(tl.int32), mask=valid)
+            if g == 0:
+                tl.store(kv_indptr_ptr, 0)
+    for chunk in range(c, tl.cdiv(tl.max(lens, 0), BLOCK_T), n_c):
+        t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+        b = t // K
+        blk = tl.load(rows[:, None] + b[None, :], mask=valid[:, None] & (b < max_blocks)[None, :], other=0)
+        tl.store(kv_indices_ptr + start[:, None] + t[None, :], (blk * K + (t % K)[None, :]).to(tl.int32),
+                 mask=t[None, :] < lens[:, None], cache_modifier=STORE_CACHE)
+
+
+@triton.jit
 def _expand_page_indices_kernel(
     block_table_ptr,  # (num_reqs, max_blocks_per_req) int32/int64 block ids
     block_table_stride,  # elements between consecutive rows of block_table
@@ -358,6 +432,7 @@ def _expand_page_indices_kernel(
     seq_lens_ptr,  # (num_reqs,) int32/int64 tokens per request
     kv_indptr_ptr,  # (num_reqs + 1,) int32: out (written by chunk-program 0 of each request), or in if INDPTR_IN
     kv_indices_ptr,  # (>= sum(seq_lens),) int32 out: flat token rows
+    num_reqs,  # rows of block_table (only the GROUP > 1 path reads it)
     K: tl.constexpr,  # kernel block size (tokens per block); constexpr so // and % become shifts or multiplies
     BLOCK_T: tl.constexpr,  # tokens per chunk; chunk c of a request holds its tokens c*BLOCK_T .. (c+1)*BLOCK_T - 1
     BLOCK_R: tl.constexpr,  # seq_lens read per step of this request's prefix sum (a multiple of 32)
@@ -368,63 +443,55 @@ def _expand_page_indices_kernel(
     CHUNKS_FIRST: tl.constexpr,  # grid is (chunks, requests) instead of (requests, chunks)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (compiled NVIDIA, sm_90+)
     PREFIX_U32: tl.constexpr = False,  # sum seq_lens in uint32 (exact below 2**32 tokens), not int64
+    GROUP: tl.constexpr = 1,  # requests per program (> 1: a (GROUP, BLOCK_T) tile, for many short requests)
+    WIDE_PREFIX: tl.constexpr = False,  # the prefix sum in a BLOCK_R-wide accumulator (one-warp programs)
 ):
     # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
     # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
     # of hundreds of requests (regions a power-of-two apart in the 512 x 128k case).
     if CHUNKS_FIRST:
-        r = tl.program_id(1)  # request
+        r = tl.program_id(1)  # request (or group of requests)
         c = tl.program_id(0)  # this program's first chunk; it then strides by the grid's chunk dimension
         n_c = tl.num_programs(0)
     else:
         r = tl.program_id(0)
         c = tl.program_id(1)
         n_c = tl.num_programs(1)
-    row = block_table_ptr + r.to(tl.int64) * block_table_stride
     if PDL:  # block_table and seq_lens may be written by the kernel before: nothing is read until it is done
         pdl_wait_then_release()
-
-    # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
-    #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
-    #    the two memory latencies overlap instead of adding up.
-    tok0 = c * BLOCK_T
-    vals = _chunk_indices(row, max_blocks, tok0, K, BLOCK_T)
-
-    # 2. Where the request starts in kv_indices: start = sum(seq_lens[:r]), computed here so that the whole
-    #    expansion is one launch (no separate cumsum). int64, so nothing wraps near sum(seq_lens) = 2**31 - 1.
-    if INDPTR_IN:
-        start = tl.load(kv_indptr_ptr + r).to(tl.int64)
-        seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
+    if GROUP > 1:
+        _expand_group(block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
+                      num_reqs, r, c, n_c, K, BLOCK_T, GROUP, BLOCK_R, PREFIX_LOOP, INDPTR_IN, STORE_CACHE,
+                      PREFIX_U32, WIDE_PREFIX)
     else:
-        # Summed in a 32-wide vector (every warp holds all of it) and reduced once at the end: the reduction
-        # stays inside a warp, with no shared memory and no barrier. A BLOCK_R-wide vector spans the warps, and
-        # its cross-warp reduction cost 256 x 4k about 0.4 us against 32 x 32k (same output, 32 seq_lens summed).
-        lanes = tl.arange(0, 32)
-        seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-        acc_ty: tl.constexpr = tl.uint32 if PREFIX_U32 else tl.int64
-        part = tl.zeros([32], dtype=acc_ty)
-        for i in tl.static_range(0, BLOCK_R, 32):  # BLOCK_R / 32 independent loads, issued back to back
-            o = i + lanes
-            part += tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(acc_ty)
-        if PREFIX_LOOP:
-            for j in range(BLOCK_R, r, BLOCK_R):
-                for i in tl.static_range(0, BLOCK_R, 32):
-                    o = j + i + lanes
-                    part += tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(acc_ty)
-        start = tl.sum(part).to(tl.int64)
-        if c == 0:
-            tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
-            if r == 0:
-                tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
+        row = block_table_ptr + r.to(tl.int64) * block_table_stride
+        # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
+        #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
+        #    the two memory latencies overlap instead of adding up.
+        tok0 = c * BLOCK_T
+        vals = _chunk_indices(row, max_blocks, tok0, K, BLOCK_T)
 
-    # 3. Store; the full chunks of a request are unmasked (16-byte vector stores when the output position is
-    #    a multiple of 4), only its last chunk is masked. Programs then stride over the request's other chunks
-    #    (only when the grid's second dimension is capped below the request's chunk count).
-    _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T, STORE_CACHE)
-    for chunk in range(c + n_c, tl.cdiv(seq_len, BLOCK_T), n_c):
-        tok = chunk * BLOCK_T
-        _store_chunk(kv_indices_ptr, _chunk_indices(row, max_blocks, tok, K, BLOCK_T), start, seq_len, tok,
-                     BLOCK_T, STORE_CACHE)
+        # 2. Where the request starts in kv_indices: start = sum(seq_lens[:r]), computed here so that the whole
+        #    expansion is one launch (no separate cumsum). int64, so nothing wraps near sum(seq_lens) = 2**31 - 1.
+        if INDPTR_IN:
+            start = tl.load(kv_indptr_ptr + r).to(tl.int64)
+            seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
+        else:
+            seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+            start = _prefix_sum(seq_lens_ptr, r, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE_PREFIX)
+            if c == 0:
+                tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
+                if r == 0:
+                    tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
+
+        # 3. Store; the full chunks of a request are unmasked (16-byte vector stores when the output position is
+        #    a multiple of 4), only its last chunk is masked. Programs then stride over the request's other chunks
+        #    (only when the grid's second dimension is capped below the request's chunk count).
+        _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T, STORE_CACHE)
+        for chunk in range(c + n_c, tl.cdiv(seq_len, BLOCK_T), n_c):
+            tok = chunk * BLOCK_T
+            _store_chunk(kv_indices_ptr, _chunk_indices(row, max_blocks, tok, K, BLOCK_T), start, seq_len, tok,
+                         BLOCK_T, STORE_CACHE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,20 +506,59 @@ class ExpandConfig:
     pdl: bool = True  # programmatic dependent launch where available (compiled NVIDIA, sm_90+); else ignored.
     # With PDL the kernel waits (griddepcontrol.wait) before its first read and then lets the next kernel launch.
     prefix_u32: bool = False  # the in-kernel prefix sum of seq_lens in uint32 (exact below 2**32) instead of int64
+    group: int = 1  # requests per program (a power of two): > 1 packs short requests into one (group, block_t) tile
+    wide_prefix: bool = False  # the prefix sum in a prefix_block-wide accumulator (for one-warp programs)
+    prefix_block: int = 4096  # seq_lens summed per step of a program's prefix sum (a power of two >= 32)
+    # (with the 32-wide accumulator every step is unrolled into prefix_block / 32 loads per lane, issued back to
+    # back; the steps wait on each other, so batches of more requests than this pay one memory latency per step)
+
+    def __post_init__(self) -> None:
+        for name in ("block_t", "num_warps", "group", "prefix_block"):
+            v = getattr(self, name)
+            least = 32 if name == "prefix_block" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < least or v & (v - 1):
+                raise ValueError(f"ExpandConfig.{name} must be a power of two >= {least} (a Triton block shape), "
+                                 f"got {v!r}")
+        if isinstance(self.max_chunk_programs, bool) or not isinstance(self.max_chunk_programs, int) \
+                or self.max_chunk_programs < 1:
+            raise ValueError(f"ExpandConfig.max_chunk_programs must be an int >= 1, got {self.max_chunk_programs!r}")
 
 
 # Output size (bytes) above which index stores stream past L2 (".cs"): the H200's L2 holds 50-60 MB.
 STREAMING_STORE_BYTES = 64 << 20
 
 
+FEW_REQS = 64  # below this many requests the prefix sums are cheap and 4 warps per program store faster
+GROUP_PROGRAMS = 512  # with request groups, about this many groups (programs) per launch
+
+
 def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens.
 
-    From the H200 sweeps (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2):
-    1024-token chunks and 4 warps were best or within noise of the best at 256 x 4k and 512 x 128k (2048-token
-    chunks tied at 256 x 4k and were about 3 % slower at 512 x 128k; 8 warps were slightly faster at 1 x 97k,
-    1.45 against 1.52 us, and slower at the other two; fewer programs that stride over chunks were slower);
-    the chunks-first grid order took 512 x 128k from about 78 to 72 us; streaming stores helped only there
+    Every program sums ``seq_lens[:r]`` for its request, in every one of its warps, so the grid's prefix work
+    grows as programs x warps x ``num_reqs``: quadratic in the batch size. The eighth session's H200 sweep
+    (``scripts/expand_group_sweep.py``, the committed JSON's ``group_sweep``) chose, from 13 batches of 1 to
+    16,384 requests:
+
+    * 4 warps below :data:`FEW_REQS` requests and for streaming outputs (1 x 97k 0.95-1.09 us against
+      1.06-1.17 with one warp; 512 x 128k 71.1-72.0 against 72.3-73.0), one warp otherwise (256 x 4k
+      2.08-2.20 against 2.33-2.40; 1000 x 300 1.73-1.90 against 3.69-3.87; 1024 x ~1000 3.0 against 4.7);
+    * chunks of ``next_pow2(max_seq_len)`` tokens, at most 1024 (fewer idle lanes for short requests);
+    * request groups (``ExpandConfig.group``) only for batches of short requests (at most 1024 tokens) with
+      at least ``4 * GROUP_PROGRAMS`` requests, sized to about :data:`GROUP_PROGRAMS` groups with tiles of at most
+      4096 entries: 16,384 x 32 206 -> 7.3 us, 8192 x 64 57 -> 4.4, 4096 x 100 17.8 -> 2.9, 2048 x 200
+      6.5 -> 2.3. Groups of 2 were slower than one request per program everywhere, and groups of long requests
+      lose the 16-byte vector stores (32 x 32k and 256 x 4k took 2.6-3.4 us with groups of 2 or 4).
+
+    ``prefix_block`` 4096 (4096 seq_lens summed per step of the prefix sum, not 1024) took 16,384 x 32 from
+    7.3-7.5 to 5.7 us and 8192 x 64 from 4.4-4.6 to 3.5-3.6 (``scripts/expand_wide_prefix_probe.py``, the
+    JSON's ``wide_prefix_probe``); batches of up to 1024 requests do not see it. ``wide_prefix`` (a
+    prefix_block-wide accumulator loaded in 16-byte vectors) was slower below 2048 requests (1000 x 300 2.7
+    against 1.75 us) and is off. A precomputed ``kv_indptr`` (about 2 us at every batch of 2048 requests or
+    more) shows what the in-kernel prefix sum still costs there.
+
+    Earlier sweeps (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2): the
+    chunks-first grid order took 512 x 128k from about 78 to 72 us; streaming stores helped only there
     (about 75 -> 72 us), where the output is far larger than L2.
 
     PDL (programmatic dependent launch) only below the streaming threshold: back to back it took 1 x 97k from
@@ -463,28 +569,35 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     The uint32 prefix sum was within noise of int64 (2.22-2.23 against 2.15-2.26 us at 256 x 4k) and is off.
     """
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
-    return ExpandConfig(block_t=1024, num_warps=4, streaming_stores=streaming, pdl=not streaming)
+    block_t = max(16, min(1024, triton.next_power_of_2(max(max_seq_len, 1))))
+    num_warps = 4 if num_reqs < FEW_REQS or streaming else 1
+    group = 1
+    if max_seq_len <= 1024 and num_reqs >= 4 * GROUP_PROGRAMS:
+        group = min(4096 // block_t, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
+    return ExpandConfig(block_t=block_t, num_warps=num_warps, streaming_stores=streaming, pdl=not streaming,
+                        group=group)
 
 
-MAX_BLOCK_R = 1024  # seq_lens summed per step of a program's prefix sum
 GRID_AXIS1_MAX = 65535  # CUDA's limit on grid axis 1 (axis 0 allows 2**31 - 1)
 
 
 def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len, config: ExpandConfig,
                    indptr_in: bool = False) -> None:
     num_reqs = block_table.shape[0]
+    groups = triton.cdiv(num_reqs, config.group)
     # CUDA allows 2**31 - 1 programs along grid axis 0 but only 65535 along axis 1.
-    chunks_first = config.chunks_first and num_reqs <= GRID_AXIS1_MAX
+    chunks_first = config.chunks_first and groups <= GRID_AXIS1_MAX
     chunks = max(1, min(triton.cdiv(max_seq_len, config.block_t), config.max_chunk_programs,
                         2**31 - 1 if chunks_first else GRID_AXIS1_MAX))
-    # a power of two from 32 (the warp-wide vector the prefix sum adds into) to MAX_BLOCK_R
-    block_r = max(32, min(triton.next_power_of_2(num_reqs), MAX_BLOCK_R))
+    # a power of two from 32 (the warp-wide vector the prefix sum adds into) to config.prefix_block
+    block_r = max(32, min(triton.next_power_of_2(num_reqs), config.prefix_block))
     pdl = config.pdl and _device.pdl_available(block_table.device)
-    _expand_page_indices_kernel[(chunks, num_reqs) if chunks_first else (num_reqs, chunks)](
-        block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices,
+    _expand_page_indices_kernel[(chunks, groups) if chunks_first else (groups, chunks)](
+        block_table, block_table.stride(0), block_table.shape[1], seq_lens, kv_indptr, kv_indices, num_reqs,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
-        PREFIX_U32=config.prefix_u32, num_warps=config.num_warps, **pdl_launch_options(pdl),
+        PREFIX_U32=config.prefix_u32, GROUP=config.group, WIDE_PREFIX=config.wide_prefix,
+        num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 
 
