@@ -59,6 +59,8 @@ CASES: tuple[tuple[int, int], ...] = (
     (32, 32_768),
     (256, 4_096),
     (512, 131_072),
+    (1_024, 1_000),  # a large decode batch: the prefix sum's cost grows with the number of requests
+    (16_384, 32),  # many tiny requests: requests packed into groups (ExpandConfig.group)
 )
 
 @dataclasses.dataclass(frozen=True)
@@ -68,20 +70,22 @@ class Variant:
     ``kernel``: ``"kernel"`` (the library's), ``"v1"`` (its first revision, chunks aligned to the output:
     :func:`_expand_v1_kernel`) or ``"store_only"`` (writes the same number of int32 with no loads at all:
     the floor any expansion kernel of this shape pays, :func:`_store_only_kernel`). ``streaming``: ``None``
-    follows :func:`workbench.expand.expand_config`'s rule. ``cap``: programs per request; ``"wave"`` picks
-    about one wave (``16 * SM count`` programs in all); ``None``: one program per chunk.
+    follows :func:`workbench.expand.expand_config`'s rule, as do ``block_t``, ``num_warps`` and ``group`` when
+    ``None``. ``cap``: programs per request; ``"wave"`` picks about one wave (``16 * SM count`` programs in
+    all); ``None``: one program per chunk.
     """
 
     label: str
     kernel: str = "kernel"
-    block_t: int = 1024
-    num_warps: int = 4
+    block_t: int | None = None
+    num_warps: int | None = None
     streaming: bool | None = None
     cap: int | str | None = None
     indptr_in: bool = False
     chunks_first: bool = True
     pdl: bool | None = None  # None: expand_config's choice (store_only: no PDL)
     prefix_u32: bool | None = None  # None: expand_config's choice
+    group: int | None = None  # requests per program; None: expand_config's choice
 
 
 # What ``--sweep`` times, per case (``expand_config()`` is chosen from such a sweep). "default" runs first and
@@ -92,20 +96,25 @@ SWEEP: tuple[Variant, ...] = (
     Variant("PDL on", pdl=True),
     Variant("prefix int64", prefix_u32=False),
     Variant("prefix uint32", prefix_u32=True),
-    Variant("1024/2", num_warps=2),
-    Variant("512/2", block_t=512, num_warps=2),
-    Variant("2048/8", block_t=2048, num_warps=8),
+    Variant("1 warp", num_warps=1),
+    Variant("2 warps", num_warps=2),
+    Variant("4 warps", num_warps=4),
+    Variant("no request groups", group=1),
+    Variant("1024/4 (before the 8th session)", block_t=1024, num_warps=4, group=1),
+    Variant("1024/2", block_t=1024, num_warps=2, group=1),
+    Variant("512/2", block_t=512, num_warps=2, group=1),
+    Variant("2048/8", block_t=2048, num_warps=8, group=1),
     Variant("requests first (grid order)", chunks_first=False),
-    Variant("v1 (output-aligned chunks)", kernel="v1"),
-    Variant("1024/8", num_warps=8),
-    Variant("2048/4", block_t=2048),
-    Variant("4096/8", block_t=4096, num_warps=8),
+    Variant("v1 (output-aligned chunks)", kernel="v1", block_t=1024, num_warps=4),
+    Variant("1024/8", block_t=1024, num_warps=8, group=1),
+    Variant("2048/4", block_t=2048, num_warps=4, group=1),
+    Variant("4096/8", block_t=4096, num_warps=8, group=1),
     Variant("streaming on", streaming=True),
     Variant("streaming off", streaming=False),
     Variant("one wave, striding", cap="wave"),
     Variant("precomputed kv_indptr", indptr_in=True),
-    Variant("store only 1024/4", kernel="store_only"),
-    Variant("store only 1024/4 PDL", kernel="store_only", pdl=True),
+    Variant("store only 1024/4", kernel="store_only", block_t=1024, num_warps=4),
+    Variant("store only 1024/4 PDL", kernel="store_only", block_t=1024, num_warps=4, pdl=True),
     Variant("store only 4096/8", kernel="store_only", block_t=4096, num_warps=8),
     Variant("default (again)"),
 )
@@ -218,22 +227,26 @@ def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, ma
         cap = int(v.cap)
     prefix_u32 = default.prefix_u32 if v.prefix_u32 is None else v.prefix_u32
     pdl = default.pdl if v.pdl is None else v.pdl
-    cfg = E.ExpandConfig(v.block_t, v.num_warps, cap, streaming, v.chunks_first, pdl, prefix_u32)
+    cfg = dataclasses.replace(
+        default, block_t=default.block_t if v.block_t is None else v.block_t,
+        num_warps=default.num_warps if v.num_warps is None else v.num_warps, max_chunk_programs=cap,
+        streaming_stores=streaming, chunks_first=v.chunks_first, pdl=pdl, prefix_u32=prefix_u32,
+        group=default.group if v.group is None else v.group)
     if v.kernel == "kernel":
         return (lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, cfg,
                                          indptr_in=v.indptr_in)), cfg
     if v.kernel == "v1":
-        chunks = max(1, triton.cdiv(max_seq_len, v.block_t) + 1)
+        chunks = max(1, triton.cdiv(max_seq_len, cfg.block_t) + 1)
         block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
         v1_pdl = E.pdl_launch_options(pdl and device_pdl_available(out.device))
         return (lambda: _expand_v1_kernel[(num_reqs, chunks)](
-            block_table, block_table.stride(0), seq_lens, indptr, out, K=K, BLOCK_T=v.block_t, BLOCK_R=block_r,
-            STORE_CACHE=".cs" if streaming else "", num_warps=v.num_warps, **v1_pdl)), cfg
+            block_table, block_table.stride(0), seq_lens, indptr, out, K=K, BLOCK_T=cfg.block_t, BLOCK_R=block_r,
+            STORE_CACHE=".cs" if streaming else "", num_warps=cfg.num_warps, **v1_pdl)), cfg
     if v.kernel == "store_only":
         n = out.numel()
         pdl = v.pdl is True and device_pdl_available(out.device)
-        return (lambda: _store_only_kernel[(triton.cdiv(n, v.block_t),)](
-            out, n, BLOCK=v.block_t, num_warps=v.num_warps, **E.pdl_launch_options(pdl))), cfg
+        return (lambda: _store_only_kernel[(triton.cdiv(n, cfg.block_t),)](
+            out, n, BLOCK=cfg.block_t, num_warps=cfg.num_warps, **E.pdl_launch_options(pdl))), cfg
     raise ValueError(f"Variant.kernel must be 'kernel', 'v1' or 'store_only', got {v.kernel!r}")
 
 

@@ -1,0 +1,69 @@
+"""The prefix sum of one-warp expansion programs: the 32-wide accumulator against a wide one.
+
+With ``expand_config``'s one-warp programs (from 64 requests on) every program still sums ``seq_lens[:r]``
+itself. The default accumulates into a 32-wide vector, 32 entries per step of four-byte loads, with the
+steps past ``prefix_block`` in a loop whose iterations wait on each other. ``ExpandConfig.wide_prefix``
+accumulates into a ``prefix_block``-wide vector instead, ``prefix_block / 32`` neighbouring entries per lane,
+loaded as 16-byte vectors. This times both, with several ``prefix_block`` and accumulator types, at the rule's
+other parameters, against the caller's ``kv_indptr`` (no prefix sum) under the benchmark's CUDA-graph replay;
+every output is checked against the dense torch expansion.
+
+Run on an H200: PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py [OUT.json]
+"""
+import dataclasses
+import json
+import sys
+
+import torch
+
+from workbench import expand as E
+from workbench.bench import common
+from workbench.bench import expand as BE
+
+CASES = ((256, 4096), (512, 1024), (1000, 300), (1024, 1000), (2048, 200), (4096, 100), (8192, 64), (16384, 32))
+VARIANTS = (
+    ("rule", {}),
+    ("wide 1024 u32", dict(wide_prefix=True, prefix_u32=True)),
+    ("wide 2048 u32", dict(wide_prefix=True, prefix_u32=True, prefix_block=2048)),
+    ("wide 4096 u32", dict(wide_prefix=True, prefix_u32=True, prefix_block=4096)),
+    ("wide 512 int64", dict(wide_prefix=True, prefix_block=512)),
+    ("32-wide 4096", dict(prefix_block=4096)),
+    ("32-wide u32", dict(prefix_u32=True)),
+)
+
+
+def main():
+    dev = common.require_gpu()
+    rows = []
+    for rnd in range(3):
+        for R, L in CASES:
+            bt, sl, _ = BE._make_inputs(R, L, 16, dev)
+            ref_out, ref_indptr = E.expand_page_indices_dense(bt, sl, 16)
+            out = torch.empty(ref_out.numel(), dtype=torch.int32, device=dev)
+            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
+            rule = E.expand_config(R, L)
+            for label, change in VARIANTS + (("given", {}),):
+                cfg = dataclasses.replace(rule, **change)
+                given = label == "given"
+                ptr = ref_indptr.clone() if given else indptr
+                fn = lambda: E.expand_page_indices(bt, sl, 16, out=out, kv_indptr=ptr, max_seq_len=L, validate=False,
+                                                   config=cfg, precomputed_kv_indptr=given)
+                out.fill_(-1)
+                indptr.fill_(-7)
+                us = common.time_cuda_graph(fn)
+                torch.cuda.synchronize()
+                ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(ptr, ref_indptr))
+                rows.append(dict(round=rnd, R=R, L=L, label=label, us=us, agree=ok, config=dataclasses.asdict(cfg)))
+    table = {}
+    for row in rows:
+        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
+    for (R, L, label), rs in table.items():
+        bad = any(not r["agree"] for r in rs)
+        print(f"{R:5d}x{L:<5d} {label:16s} " + " ".join(f"{r['us']:7.3f}" for r in rs) + ("  WRONG" if bad else ""))
+    if len(sys.argv) > 1:
+        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py"),
+                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
