@@ -10,7 +10,7 @@ block ``b`` with kernel block size ``K`` covers rows ``b*K .. b*K+K-1``.
 Contents, in the order the chapter introduces them:
 
 * :func:`expand_page_indices_ref`: the spec, a plain Python loop;
-* :func:`expand_page_indices`: the Triton kernel (2-D grid: request x chunk of tokens);
+* :func:`expand_page_indices`: the Triton kernel (2-D grid: request, or group of requests, x chunk of tokens);
 * :func:`expand_page_indices_pre_pr`: the pre-PR path (hybrid split to kernel block size 1, then a copy);
 * :func:`validate_expand_inputs`: the checks, each error naming the argument, the value, the rule and the fix;
 * :func:`build_flat_decode_metadata`: the one builder of :class:`DecodeMetadata` the other chapters use.
@@ -618,7 +618,13 @@ def expand_page_indices(
 
     ``kv_indices[kv_indptr[r] + t] = block_table[r, t // K] * K + t % K`` for ``t < seq_lens[r]``
     (:func:`expand_page_indices_ref` is the spec). One Triton launch with a 2-D grid (request x
-    chunk of tokens) computes both outputs; ``kv_indptr`` is computed in the kernel too.
+    chunk of tokens) computes both outputs; ``kv_indptr`` is computed in the kernel too. For batches of
+    thousands of short requests :func:`expand_config` packs neighbouring requests into one program
+    (``ExpandConfig.group``), so the grid is then (request group x chunk).
+
+    ``max_seq_len`` also picks the launch parameters: a loose bound (say the model's maximum length, so that
+    one CUDA graph serves every step) gives 1024-token chunks and no request groups, which is correct for
+    any batch but slower for thousands of short requests than the tight bound.
 
     Host synchronisation: none when ``out``, ``kv_indptr`` and ``max_seq_len`` are given and
     ``validate=False``; the call can then be captured in a CUDA graph (validate once outside the
