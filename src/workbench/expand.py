@@ -548,7 +548,7 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
       at least ``4 * GROUP_PROGRAMS`` requests, sized to about :data:`GROUP_PROGRAMS` groups with tiles of at most
       4096 entries: 16,384 x 32 206 -> 7.3 us, 8192 x 64 57 -> 4.4, 4096 x 100 17.8 -> 2.9, 2048 x 200
       6.5 -> 2.3. Groups of 2 were slower than one request per program everywhere, and groups of long requests
-      lose the 16-byte vector stores (32 x 32k and 256 x 4k took 2.6-3.4 us with groups of 2 or 4).
+      lose the 16-byte vector stores (32 x 32k and 256 x 4k took 2.6-3.5 us with groups of 2 or 4).
 
     ``prefix_block`` 4096 (4096 seq_lens summed per step of the prefix sum, not 1024) took 16,384 x 32 from
     7.3-7.5 to 5.7 us and 8192 x 64 from 4.4-4.6 to 3.5-3.6 (``scripts/expand_wide_prefix_probe.py``, the
