@@ -239,6 +239,23 @@ def test_no_validate_path_with_preallocated_buffers():
     assert torch.equal(indptr.cpu(), ref_indptr)
 
 
+@pytest.mark.parametrize("config", ["default", "chunk16", "group4-chunk16", "group8-chunk32-stride2-u32"])
+@pytest.mark.parametrize("bound", [0, 1, 10, 100])
+def test_a_bound_below_the_longest_request_is_slower_not_wrong(config, bound):
+    # With validate=False nothing checks max_seq_len; it only sizes the grid's chunk dimension (and, by default,
+    # picks the launch parameters), and programs stride over the chunks past it, so every token is still written.
+    rng = random.Random(bound)
+    lens = [rng.randint(0, 300) for _ in range(23)] + [299]
+    block_table, seq_lens, _ = make_batch(lens, 16, seed=bound)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+    out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
+    indptr = torch.empty(len(lens) + 1, dtype=torch.int32, device=DEV)
+    E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound, validate=False,
+                          config=CONFIGS[config])
+    assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices) and torch.equal(indptr.cpu(), ref_indptr)
+    assert (out[ref_indices.numel():] == SENTINEL).all()
+
+
 def _property(K, seq_lens, seed, block_t, stride_cap, group):
     block_table, lens, num_blocks = make_batch(seq_lens, K, seed=seed, pad_blocks=seed % 3)
     check_against_spec(block_table, lens, K, num_blocks=num_blocks,

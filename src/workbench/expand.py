@@ -244,8 +244,8 @@ def validate_expand_inputs(
     if max_seq_len is not None and int(lens.max()) > max_seq_len:
         r = int(torch.argmax(lens))
         raise ValueError(
-            f"seq_lens[{r}] = {int(lens[r])} exceeds max_seq_len = {max_seq_len}; the kernel's grid covers only "
-            "max_seq_len tokens per request: pass a larger bound"
+            f"seq_lens[{r}] = {int(lens[r])} exceeds max_seq_len = {max_seq_len}; max_seq_len is an upper bound of "
+            "seq_lens (it sizes the grid and picks the launch parameters): pass a larger bound"
         )
     total = int(lens.sum())
     if total > INT32_MAX:
@@ -638,8 +638,9 @@ def expand_page_indices(
         out: optional ``(N,) int32`` buffer, ``N >= sum(seq_lens)``; entries from ``sum(seq_lens)`` on
             are left untouched.
         kv_indptr: optional ``(num_reqs + 1,) int32`` buffer that receives the cumulative seq_lens.
-        max_seq_len: optional host-side bound ``>= max(seq_lens)``; a smaller one silently drops tokens
-            when ``validate=False``.
+        max_seq_len: optional host-side bound ``>= max(seq_lens)``: it sizes the grid's chunk dimension and
+            picks the launch parameters. ``validate`` refuses a smaller one; with ``validate=False`` a smaller
+            one is still expanded exactly (programs stride over the chunks past the bound), only more slowly.
         validate: run :func:`validate_expand_inputs` (reads values on the host; refuses to run during
             CUDA-graph capture).
         num_blocks: KV-cache size in blocks, for the out-of-cache check.
