@@ -8,7 +8,10 @@ loaded as 16-byte vectors. This times both, with several ``prefix_block`` and ac
 other parameters, against the caller's ``kv_indptr`` (no prefix sum) under the benchmark's CUDA-graph replay;
 every output is checked against the dense torch expansion.
 
-Run on an H200: PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py [OUT.json]
+``--warps``: the wide accumulator spread over 1, 2 or 4 warps (one cross-warp reduction at the end instead of
+every warp loading every entry) at the batches of 1024 requests or more.
+
+Run on an H200: PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py [OUT.json] [--warps]
 """
 import dataclasses
 import json
@@ -32,17 +35,26 @@ VARIANTS = (
 )
 
 
+WARPS_CASES = ((1024, 1000), (2048, 200), (4096, 100), (8192, 64), (16384, 32))
+WARPS_VARIANTS = (("rule", {}), ("32-wide u32", dict(prefix_u32=True))) + tuple(
+    (f"wide {pb} u32 {w}w", dict(wide_prefix=True, prefix_u32=True, prefix_block=pb, num_warps=w))
+    for pb in (1024, 4096) for w in (1, 2, 4))
+
+
 def main():
     dev = common.require_gpu()
+    warps = "--warps" in sys.argv
+    out_path = next((a for a in sys.argv[1:] if not a.startswith("--")), None)
+    cases, variants = (WARPS_CASES, WARPS_VARIANTS) if warps else (CASES, VARIANTS)
     rows = []
     for rnd in range(3):
-        for R, L in CASES:
+        for R, L in cases:
             bt, sl, _ = BE._make_inputs(R, L, 16, dev)
             ref_out, ref_indptr = E.expand_page_indices_dense(bt, sl, 16)
             out = torch.empty(ref_out.numel(), dtype=torch.int32, device=dev)
             indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
             rule = E.expand_config(R, L)
-            for label, change in VARIANTS + (("given", {}),):
+            for label, change in variants + (("given", {}),):
                 cfg = dataclasses.replace(rule, **change)
                 given = label == "given"
                 ptr = ref_indptr.clone() if given else indptr
@@ -60,9 +72,9 @@ def main():
     for (R, L, label), rs in table.items():
         bad = any(not r["agree"] for r in rs)
         print(f"{R:5d}x{L:<5d} {label:16s} " + " ".join(f"{r['us']:7.3f}" for r in rs) + ("  WRONG" if bad else ""))
-    if len(sys.argv) > 1:
-        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py"),
-                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    if out_path:
+        cmd = "PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py" + (" --warps" if warps else "")
+        json.dump({"provenance": common.provenance(cmd), "rows": rows}, open(out_path, "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -437,7 +437,7 @@ def test_expand_config_rule():
     next_pow2(max_seq_len) up to 1024; request groups only for many short requests."""
     few, mid, big = E.expand_config(1, 97_000), E.expand_config(256, 4_096), E.expand_config(512, 131_072)
     assert (few.num_warps, few.block_t, few.group, few.pdl) == (4, 1024, 1, True)
-    assert (mid.num_warps, mid.block_t, mid.group) == (1, 1024, 1)
+    assert (mid.num_warps, mid.block_t, mid.group, mid.prefix_u32) == (1, 1024, 1, False)
     assert (big.num_warps, big.group, big.streaming_stores, big.pdl) == (4, 1, True, False)
     assert E.expand_config(1000, 300).block_t == 512 and E.expand_config(3, 0).block_t == 16
     for R in (2 * E.GROUP_PROGRAMS, 4 * E.GROUP_PROGRAMS - 1):  # groups of 2 never pay: none below 4 per group
@@ -446,6 +446,7 @@ def test_expand_config_rule():
     for R, L, g in ((2048, 200, 4), (4096, 100, 8), (4096, 999, 4), (8192, 64, 16), (16_384, 32, 32)):
         cfg = E.expand_config(R, L)
         assert cfg.group == g and cfg.num_warps == 1 and cfg.group * cfg.block_t <= 4096, (R, L, cfg)
+        assert cfg.prefix_u32, (R, L, cfg)  # the uint32 prefix sum only with groups
         assert cfg.block_t >= L and R // cfg.group >= E.GROUP_PROGRAMS, (R, L, cfg)
         assert R // cfg.group < 2 * E.GROUP_PROGRAMS or cfg.group * cfg.block_t == 4096, (R, L, cfg)  # tile cap
 

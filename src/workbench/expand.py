@@ -554,8 +554,14 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     7.3-7.5 to 5.7 us and 8192 x 64 from 4.4-4.6 to 3.5-3.6 (``scripts/expand_wide_prefix_probe.py``, the
     JSON's ``wide_prefix_probe``); batches of up to 1024 requests do not see it. ``wide_prefix`` (a
     prefix_block-wide accumulator loaded in 16-byte vectors) was slower below 2048 requests (1000 x 300 2.7
-    against 1.75 us) and is off. A precomputed ``kv_indptr`` (about 2 us at every batch of 2048 requests or
+    against 1.75 us) and is off; spread over 4 warps it was the fastest at 16,384 x 32 (3.4-3.5 us) but not
+    at 2048 or 4096 requests. A precomputed ``kv_indptr`` (about 2 us at every batch of 2048 requests or
     more) shows what the in-kernel prefix sum still costs there.
+
+    The uint32 prefix sum (``prefix_u32``) with request groups: 2048 x 200 2.21-2.33 -> 1.95-2.09 us, 4096 x 100
+    2.68-2.75 -> 2.37-2.50, 8192 x 64 3.66-3.69 -> 3.14-3.19, 16,384 x 32 5.74-5.85 -> 4.39-4.54 (the JSON's
+    ``wide_prefix_probe``, ``--warps`` run). Without groups it was slower at 1024 x 1000 (2.93-3.09 against
+    2.65-2.84 us, in two runs) and within noise at 256 x 4k, so it is on only with groups.
 
     Earlier sweeps (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2): the
     chunks-first grid order took 512 x 128k from about 78 to 72 us; streaming stores helped only there
@@ -566,7 +572,6 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     12 % slower, 71 -> 80 us (a store-only kernel lost as much there with PDL: the launch mode, not this
     kernel). After a kernel that does not trigger its dependents early (a torch ``fill_``), PDL gained nothing
     measurable: the overlap needs a predecessor that triggers, as this kernel and the decode kernels do.
-    The uint32 prefix sum was within noise of int64 (2.22-2.23 against 2.15-2.26 us at 256 x 4k) and is off.
     """
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     block_t = max(16, min(1024, triton.next_power_of_2(max(max_seq_len, 1))))
@@ -575,7 +580,7 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     if max_seq_len <= 1024 and num_reqs >= 4 * GROUP_PROGRAMS:
         group = min(4096 // block_t, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
     return ExpandConfig(block_t=block_t, num_warps=num_warps, streaming_stores=streaming, pdl=not streaming,
-                        group=group)
+                        group=group, prefix_u32=group > 1)
 
 
 GRID_AXIS1_MAX = 65535  # CUDA's limit on grid axis 1 (axis 0 allows 2**31 - 1)
