@@ -664,6 +664,9 @@ def test_committed_h200_results_and_figures():
     assert [b["verdict"] for b in results["bars"]] == [b["verdict"] for b in B.check_bars(results["cases"])]
     fig = viz.expand_bench_figure(results)
     assert len(fig.data) == 8 and len(fig.layout.updatemenus[0].buttons) == 2
+    labels = list(fig.data[0].x)
+    assert len(set(labels)) == len(results["cases"]), labels  # one distinct label per case
+    assert {"1 x 97k", "256 x 4k", "512 x 128k", "1024 x 1000", "16384 x 32"} <= set(labels), labels
     heat = viz.expansion_figure(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     ref, _ = E.expand_page_indices_ref(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     labels = [x for row in heat.data[0].text for x in row if x]

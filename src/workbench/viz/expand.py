@@ -31,8 +31,12 @@ def load_expand_results(name: str = COMMITTED_RESULTS) -> dict[str, Any]:
 
 
 def _label(case: dict[str, Any]) -> str:
+    """``"256 x 4k"``, ``"1 x 97k"``, ``"1024 x 1000"``, ``"16384 x 32"``: tokens in k only from 2048 on."""
     n = case["seq_len"]
-    size = f"{n // 1024}k" if n % 1024 == 0 else f"{n / 1000:.0f}k"
+    if n < 2048:
+        size = str(n)
+    else:
+        size = f"{n // 1024}k" if n % 1024 == 0 else f"{n / 1000:.0f}k"
     return f"{case['num_reqs']} x {size}"
 
 
