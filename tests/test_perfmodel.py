@@ -524,6 +524,8 @@ def test_k_choice_and_trend_and_expansion_figures(prediction):
                  decode_us_per_step=6000.0)]
     two = viz.expansion_per_step_figure(rows, published)
     assert len(two.data) == 4 and two.data[1].y[0] == 175.0
+    rows += [dict(rows[0], num_reqs=16_384, seq_len=32), dict(rows[0], num_reqs=1024, seq_len=1000)]
+    assert list(viz.expansion_per_step_figure(rows, published).data[1].x) == ["1 x 97k", "16384 x 32", "1024 x 1000"]
 
 
 def test_throughput_widget_reports_the_step(prediction):

@@ -17,7 +17,7 @@ import torch
 
 from workbench import expand
 
-__all__ = ["COMMITTED_RESULTS", "expand_bench_figure", "expansion_figure", "load_expand_results"]
+__all__ = ["COMMITTED_RESULTS", "case_label", "expand_bench_figure", "expansion_figure", "load_expand_results"]
 
 COMMITTED_RESULTS = "bench_expand_h200.json"  # in workbench/data/
 _COLORS = {"kernel": "#1f77b4", "serial": "#ff7f0e", "dense": "#7f7f7f", "fill": "#2ca02c"}
@@ -30,7 +30,7 @@ def load_expand_results(name: str = COMMITTED_RESULTS) -> dict[str, Any]:
     return json.loads(resources.files("workbench.data").joinpath(name).read_text())
 
 
-def _label(case: dict[str, Any]) -> str:
+def case_label(case: dict[str, Any]) -> str:
     """``"256 x 4k"``, ``"1 x 97k"``, ``"1024 x 1000"``, ``"16384 x 32"``: tokens in k only from 2048 on."""
     n = case["seq_len"]
     if n < 2048:
@@ -44,7 +44,7 @@ def expand_bench_figure(results: dict[str, Any] | None = None) -> go.Figure:
     """Grouped bars per case: time (log us) or bandwidth (GB/s vs the copy ceiling), switched by a dropdown."""
     results = results or load_expand_results()
     cases = results["cases"]
-    labels = [_label(c) for c in cases]
+    labels = [case_label(c) for c in cases]
     copy = results["copy"]["gb_s"]
     fig = go.Figure()
     keys = [k for k in ("kernel", "serial", "dense", "fill") if all(

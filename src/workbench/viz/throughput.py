@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench import perfmodel as P
+from workbench.viz.expand import case_label
 
 COLUMN_COLORS = {"no spec": "#7f7f7f", "BF16 draft": "#0072B2", "FP8 draft": "#E69F00"}
 CONC_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#999999", "#8C564B")
@@ -335,7 +336,7 @@ def expansion_per_step_figure(h200_rows: list[dict[str, Any]] | None, published:
                   row=1, col=1)
     top = max(1e3 * b[1] for b in bars)
     if h200_rows:
-        xs = [f"{r['num_reqs']} x {r['seq_len'] // 1000}k" for r in h200_rows]
+        xs = [case_label(r) for r in h200_rows]
         for key, name, color in (("serial_us_per_step", "serial kernel (v0.20) x calls", "#d62728"),
                                  ("kernel_us_per_step", "2-D-grid kernel x calls", "#2ca02c"),
                                  ("decode_us_per_step", "MLA decode x 61 layers (scaled)", PART_COLORS["attention"])):
