@@ -627,9 +627,13 @@ def expand_page_indices(
     thousands of short requests :func:`expand_config` packs neighbouring requests into one program
     (``ExpandConfig.group``), so the grid is then (request group x chunk).
 
-    ``max_seq_len`` also picks the launch parameters: a loose bound (say the model's maximum length, so that
-    one CUDA graph serves every step) gives 1024-token chunks and no request groups, which is correct for
-    any batch but slower for thousands of short requests than the tight bound.
+    ``max_seq_len`` also sizes the grid and picks the launch parameters. A loose bound (say the model's
+    maximum length, so that one CUDA graph serves every step) is correct for any batch, but it launches a
+    program for every chunk up to the bound, and each of those sums its request's ``seq_lens`` prefix before
+    it finds that it has nothing to store; it also gives 1024-token chunks and no request groups, and above
+    64 MB of bounded output it switches to streaming stores without PDL. So the call costs time in proportion
+    to the bound (not measured here). vLLM builds this metadata outside its CUDA graphs, with the step's
+    host-side maximum length: the tight bound.
 
     Host synchronisation: none when ``out``, ``kv_indptr`` and ``max_seq_len`` are given and
     ``validate=False``; the call can then be captured in a CUDA graph (validate once outside the
