@@ -1,0 +1,72 @@
+"""What a loose ``max_seq_len`` bound costs the index expansion (not yet measured: for the next session).
+
+``expand_page_indices(..., max_seq_len=bound, validate=False)`` sizes its grid's chunk dimension by the bound,
+so capturing the call in one CUDA graph with the model's maximum length as the bound launches a program for
+every chunk up to it; every such program sums its request's ``seq_lens`` prefix before it finds that it has
+nothing to store (and above 64 MB of bounded output ``expand_config`` also turns to streaming stores without
+PDL). This times, under the benchmark's CUDA-graph replay, each batch with the tight bound, with loose bounds
+(32k and 128k tokens), and with the loose bound plus a cap on the programs per request
+(``ExpandConfig.max_chunk_programs``: programs then stride over their request's chunks); outputs are checked
+against the dense torch expansion.
+
+Run on an H200: PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py [OUT.json]
+"""
+import dataclasses
+import json
+import sys
+
+import torch
+
+from workbench import expand as E
+from workbench.bench import common
+from workbench.bench import expand as BE
+
+CASES = ((1, 97000), (32, 32768), (256, 4096), (1024, 1000), (16384, 32))
+BOUNDS = (32768, 131072)
+CAPS = (4, 16, 64)
+
+
+def main():
+    dev = common.require_gpu()
+    rows = []
+    for rnd in range(3):
+        for R, L in CASES:
+            block_table, seq_lens, _ = BE._make_inputs(R, L, 16, dev)
+            # a block table as wide as the largest bound (as a graph-captured step would allocate it); rows
+            # past each request's length hold block 0
+            wide = torch.zeros(R, -(-max(BOUNDS) // 16), dtype=torch.int32, device=dev)
+            wide[:, : block_table.shape[1]] = block_table
+            ref_out, ref_indptr = E.expand_page_indices_dense(block_table, seq_lens, 16)
+            out = torch.empty(ref_out.numel(), dtype=torch.int32, device=dev)
+            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
+            variants = [("tight", L, None)]
+            for bound in BOUNDS:
+                if bound <= L:
+                    continue
+                variants.append((f"bound {bound}", bound, None))
+                for cap in CAPS:
+                    variants.append((f"bound {bound} cap {cap}", bound,
+                                     dataclasses.replace(E.expand_config(R, bound), max_chunk_programs=cap)))
+            for label, bound, cfg in variants:
+                fn = lambda: E.expand_page_indices(wide, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
+                                                   validate=False, config=cfg)
+                out.fill_(-1)
+                us = common.time_cuda_graph(fn)
+                torch.cuda.synchronize()
+                ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
+                used = cfg or E.expand_config(R, bound)
+                rows.append(dict(round=rnd, R=R, L=L, label=label, bound=bound, us=us, agree=ok,
+                                 config=dataclasses.asdict(used)))
+    table = {}
+    for row in rows:
+        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
+    for (R, L, label), rs in table.items():
+        bad = any(not r["agree"] for r in rs)
+        print(f"{R:5d}x{L:<6d} {label:24s} " + " ".join(f"{r['us']:8.3f}" for r in rs) + ("  WRONG" if bad else ""))
+    if len(sys.argv) > 1:
+        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py"),
+                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
