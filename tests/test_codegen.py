@@ -186,6 +186,8 @@ def test_request_group_path_compiles_and_reads_nothing_before_its_wait(reports):
     assert all(0 <= r["shared"] <= 16384 for r in (amd, hopper)), (amd, hopper)
     assert hopper["has_wait"] and hopper["global_reads_before_wait"] == 0 and hopper["global_writes_before_wait"] == 0
     assert hopper["launch_dependents_after_wait"], hopper
+    # one warp: the group's cumsum and the prefix sum's reduction stay in the warp, no CTA barrier before a store
+    assert hopper["barriers_before_first_store"] == 0, hopper
 
 
 def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):
