@@ -9,7 +9,6 @@ torch expansion. ``expand_config``'s rule is chosen from it.
 
 Run on an H200: PYTHONPATH=src python3 scripts/expand_group_sweep.py [OUT.json] [--quick]
 """
-import json
 import sys
 
 import torch
@@ -66,15 +65,7 @@ def main():
                 rows.append(dict(round=rnd, R=R, L=L, ragged=ragged, label=label, us=us, agree=ok,
                                  config=dict(block_t=cfg.block_t, num_warps=cfg.num_warps, group=cfg.group)))
             del ref_out, out
-    table = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
-    for (R, L, label), rs in table.items():
-        bad = any(not r["agree"] for r in rs)
-        print(f"{R:5d}x{L:<6d} {label:16s} " + " ".join(f"{r['us']:8.3f}" for r in rs) + ("  WRONG" if bad else ""))
-    if out_path:
-        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_group_sweep.py"),
-                   "rows": rows}, open(out_path, "w"), indent=1)
+    common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_group_sweep.py", out_path)
 
 
 if __name__ == "__main__":

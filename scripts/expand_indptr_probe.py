@@ -17,7 +17,6 @@ the kernel unless said otherwise):
 
 Run on an H200: PYTHONPATH=src python3 scripts/expand_indptr_probe.py [OUT.json]
 """
-import json
 import sys
 
 import torch
@@ -122,15 +121,8 @@ def main():
                     if STORES[variant]:
                         ok = ok and bool(torch.equal(indptr_out.cpu(), ref_indptr))
                     rows.append(dict(round=rnd, R=R, L=L, label=f"{variant} {block_t}/{warps}", us=us, agree=ok))
-    table = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row["us"])
-    for (R, L, label), us in table.items():
-        bad = [r for r in rows if r["R"] == R and r["label"] == label and r.get("agree") is False]
-        print(f"{R:4d}x{L:<6d} {label:22s} " + " ".join(f"{u:.3f}" for u in us) + ("  WRONG" if bad else ""))
-    if len(sys.argv) > 1:
-        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_indptr_probe.py"),
-                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_indptr_probe.py",
+                               (sys.argv[1:] or [None])[0])
 
 
 if __name__ == "__main__":

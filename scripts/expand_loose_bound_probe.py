@@ -12,7 +12,6 @@ against the dense torch expansion.
 Run on an H200: PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py [OUT.json]
 """
 import dataclasses
-import json
 import sys
 
 import torch
@@ -57,15 +56,8 @@ def main():
                 used = cfg or E.expand_config(R, bound)
                 rows.append(dict(round=rnd, R=R, L=L, label=label, bound=bound, us=us, agree=ok,
                                  config=dataclasses.asdict(used)))
-    table = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
-    for (R, L, label), rs in table.items():
-        bad = any(not r["agree"] for r in rs)
-        print(f"{R:5d}x{L:<6d} {label:24s} " + " ".join(f"{r['us']:8.3f}" for r in rs) + ("  WRONG" if bad else ""))
-    if len(sys.argv) > 1:
-        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py"),
-                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py",
+                               (sys.argv[1:] or [None])[0])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ computes it (the two-launch design). Outputs are checked against the spec for ev
 
 Run on an H200: PYTHONPATH=src python3 scripts/expand_many_reqs_probe.py [OUT.json]
 """
-import json
 import sys
 
 import torch
@@ -63,15 +62,8 @@ def main():
                         E.expand_page_indices(bt, sl, 16, out=out, kv_indptr=indptr, max_seq_len=L, validate=False,
                                               config=cfg, precomputed_kv_indptr=True)
                     record(f"cumsum+given {block_t}/{warps}", two_launch, indptr)
-    table = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
-    for (R, L, label), rs in table.items():
-        bad = any(r["agree"] is False for r in rs)
-        print(f"{R:5d}x{L:<5d} {label:22s} " + " ".join(f"{r['us']:.3f}" for r in rs) + ("  WRONG" if bad else ""))
-    if len(sys.argv) > 1:
-        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_many_reqs_probe.py"),
-                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_many_reqs_probe.py",
+                               (sys.argv[1:] or [None])[0])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ PREFIX modes (timing-only modes are marked: their output is wrong for ragged bat
      vector stays in the warp: 16-byte loads and shuffles only), summed in uint32
   6  mode 0 with the kv_indptr store after the chunk's stores
 """
-import json
 import sys
 
 import torch
@@ -113,15 +112,8 @@ def main():
                                 mode == 4 or bool(torch.equal(indptr.cpu()[1:], ref_indptr[1:])))
                         rows.append(dict(round=rnd, R=R, L=L, label=f"mode {mode} {block_t}/{warps}{' cs' if cs else ''}",
                                          us=us, agree=ok))
-    table = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row["us"])
-    for (R, L, label), us in table.items():
-        bad = [r for r in rows if r["R"] == R and r["label"] == label and r.get("agree") is False]
-        print(f"{R:4d}x{L:<6d} {label:24s} " + " ".join(f"{u:.3f}" for u in us) + ("  WRONG" if bad else ""))
-    if len(sys.argv) > 1:
-        json.dump({"provenance": common.provenance("PYTHONPATH=src python3 scripts/expand_prefix_probe.py"),
-                   "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_prefix_probe.py",
+                               (sys.argv[1:] or [None])[0])
 
 
 if __name__ == "__main__":

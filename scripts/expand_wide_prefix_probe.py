@@ -14,7 +14,6 @@ every warp loading every entry) at the batches of 1024 requests or more.
 Run on an H200: PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py [OUT.json] [--warps]
 """
 import dataclasses
-import json
 import sys
 
 import torch
@@ -66,15 +65,8 @@ def main():
                 torch.cuda.synchronize()
                 ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(ptr, ref_indptr))
                 rows.append(dict(round=rnd, R=R, L=L, label=label, us=us, agree=ok, config=dataclasses.asdict(cfg)))
-    table = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
-    for (R, L, label), rs in table.items():
-        bad = any(not r["agree"] for r in rs)
-        print(f"{R:5d}x{L:<5d} {label:16s} " + " ".join(f"{r['us']:7.3f}" for r in rs) + ("  WRONG" if bad else ""))
-    if out_path:
-        cmd = "PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py" + (" --warps" if warps else "")
-        json.dump({"provenance": common.provenance(cmd), "rows": rows}, open(out_path, "w"), indent=1)
+    command = "PYTHONPATH=src python3 scripts/expand_wide_prefix_probe.py" + (" --warps" if warps else "")
+    common.report_probe_rounds(rows, command, out_path)
 
 
 if __name__ == "__main__":
