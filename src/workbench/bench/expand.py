@@ -217,36 +217,32 @@ def _expand_v1_kernel(
 def _variant_launcher(v: Variant, block_table, seq_lens, K: int, out, indptr, max_seq_len: int):
     """A zero-argument launch of variant ``v`` (capturable), and the config it ran with."""
     num_reqs = block_table.shape[0]
-    default = E.expand_config(num_reqs, max_seq_len)
-    streaming = default.streaming_stores if v.streaming is None else v.streaming
     cap = 65535
     if v.cap == "wave":
         sms = torch.cuda.get_device_properties(block_table.device).multi_processor_count if block_table.is_cuda else 4
         cap = max(1, 16 * sms // num_reqs)
     elif v.cap is not None:
         cap = int(v.cap)
-    prefix_u32 = default.prefix_u32 if v.prefix_u32 is None else v.prefix_u32
-    pdl = default.pdl if v.pdl is None else v.pdl
-    cfg = dataclasses.replace(
-        default, block_t=default.block_t if v.block_t is None else v.block_t,
-        num_warps=default.num_warps if v.num_warps is None else v.num_warps, max_chunk_programs=cap,
-        streaming_stores=streaming, chunks_first=v.chunks_first, pdl=pdl, prefix_u32=prefix_u32,
-        group=default.group if v.group is None else v.group)
+    # expand_config's choice for every field the variant leaves at None
+    given = dict(block_t=v.block_t, num_warps=v.num_warps, streaming_stores=v.streaming, pdl=v.pdl,
+                 prefix_u32=v.prefix_u32, group=v.group)
+    cfg = dataclasses.replace(E.expand_config(num_reqs, max_seq_len), max_chunk_programs=cap,
+                              chunks_first=v.chunks_first, **{k: x for k, x in given.items() if x is not None})
     if v.kernel == "kernel":
         return (lambda: E._launch_expand(block_table, seq_lens, K, out, indptr, max_seq_len, cfg,
                                          indptr_in=v.indptr_in)), cfg
     if v.kernel == "v1":
         chunks = max(1, triton.cdiv(max_seq_len, cfg.block_t) + 1)
         block_r = min(triton.next_power_of_2(max(num_reqs, 16)), 1024)
-        v1_pdl = E.pdl_launch_options(pdl and device_pdl_available(out.device))
+        v1_pdl = E.pdl_launch_options(cfg.pdl and device_pdl_available(out.device))
         return (lambda: _expand_v1_kernel[(num_reqs, chunks)](
             block_table, block_table.stride(0), seq_lens, indptr, out, K=K, BLOCK_T=cfg.block_t, BLOCK_R=block_r,
-            STORE_CACHE=".cs" if streaming else "", num_warps=cfg.num_warps, **v1_pdl)), cfg
+            STORE_CACHE=".cs" if cfg.streaming_stores else "", num_warps=cfg.num_warps, **v1_pdl)), cfg
     if v.kernel == "store_only":
         n = out.numel()
-        pdl = v.pdl is True and device_pdl_available(out.device)
+        store_pdl = v.pdl is True and device_pdl_available(out.device)
         return (lambda: _store_only_kernel[(triton.cdiv(n, cfg.block_t),)](
-            out, n, BLOCK=cfg.block_t, num_warps=cfg.num_warps, **E.pdl_launch_options(pdl))), cfg
+            out, n, BLOCK=cfg.block_t, num_warps=cfg.num_warps, **E.pdl_launch_options(store_pdl))), cfg
     raise ValueError(f"Variant.kernel must be 'kernel', 'v1' or 'store_only', got {v.kernel!r}")
 
 
