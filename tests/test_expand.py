@@ -451,6 +451,51 @@ def test_expand_config_rule():
         assert R // cfg.group < 2 * E.GROUP_PROGRAMS or cfg.group * cfg.block_t == 4096, (R, L, cfg)  # tile cap
 
 
+def test_expand_config_loose_bound_rule():
+    """expand_config(loose_bound=True): about LOOSE_PROGRAM_BUDGET programs in all whatever the bound (chunk
+    programs capped; they stride), one warp from FEW_REQS requests, request groups for big batches even with long
+    bounds, PDL on and no streaming stores (the output size is unknown). The numbers are in its docstring."""
+    budget = E.LOOSE_PROGRAM_BUDGET
+    for R, bound in ((1, 131_072), (32, 131_072), (256, 131_072), (256, 32_768), (1024, 131_072), (1024, 1000),
+                     (16_384, 131_072), (3, 0)):
+        cfg = E.expand_config(R, bound, loose_bound=True)
+        groups = -(-R // cfg.group)
+        assert cfg.max_chunk_programs == max(1, budget // groups), (R, bound, cfg)
+        assert cfg.pdl and not cfg.streaming_stores, (R, bound, cfg)
+        assert cfg.num_warps == (4 if R < E.FEW_REQS else 1), (R, bound, cfg)
+        assert cfg.block_t == E.expand_config(R, bound).block_t, (R, bound, cfg)
+    assert E.expand_config(1, 131_072, loose_bound=True).max_chunk_programs >= 97_000 // 1024  # 1 x 97k keeps 95
+    big = E.expand_config(16_384, 131_072, loose_bound=True)
+    assert (big.group, big.prefix_u32, big.max_chunk_programs) == (4, True, 1)
+    assert E.expand_config(4 * E.GROUP_PROGRAMS - 1, 131_072, loose_bound=True).group == 1
+
+
+@pytest.mark.parametrize("bound_factor", [1, 3, 40])
+def test_loose_bound_expands_exactly(monkeypatch, bound_factor):
+    # A bound far above the real lengths (ragged, zeros included), with the loose-bound launch: few programs that
+    # stride over the chunks. The budget is shrunk so that the interpreter exercises the capped grid and the
+    # group path with a small batch; every token is written once and nothing past sum(seq_lens).
+    monkeypatch.setattr(E, "LOOSE_PROGRAM_BUDGET", 8)
+    monkeypatch.setattr(E, "GROUP_PROGRAMS", 2)
+    rng = random.Random(bound_factor)
+    for lens in ([rng.randint(0, 90) for _ in range(5)] + [0, 90], [rng.randint(0, 20) for _ in range(9)] + [0]):
+        block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=bound_factor)
+        bound = max(lens) * bound_factor
+        cfg = E.expand_config(len(lens), bound, loose_bound=True)
+        assert cfg.max_chunk_programs * -(-len(lens) // cfg.group) <= max(8, -(-len(lens) // cfg.group))
+        assert (cfg.group > 1) == (len(lens) >= 4 * 2)  # the second batch runs the group path
+        ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+        out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
+        indptr = torch.full((len(lens) + 1,), SENTINEL, dtype=torch.int32, device=DEV)
+        E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
+                              validate=False, loose_bound=True)
+        assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices) and torch.equal(indptr.cpu(), ref_indptr)
+        assert (out[ref_indices.numel():] == SENTINEL).all()
+        meta = E.build_flat_decode_metadata(block_table, seq_lens, [1] * len(lens), 16, num_blocks=num_blocks,
+                                            max_seq_len=bound, loose_bound=True)
+        assert torch.equal(meta.kv_indices.cpu(), ref_indices) and torch.equal(meta.kv_indptr.cpu(), ref_indptr)
+
+
 @pytest.mark.parametrize("field, value", [("block_t", 1000), ("block_t", 0), ("num_warps", 3), ("group", 6),
                                           ("group", True), ("max_chunk_programs", 0), ("prefix_block", 16)])
 def test_expand_config_rejects_bad_shapes(field, value):

@@ -532,8 +532,24 @@ FEW_REQS = 64  # below this many requests the prefix sums are cheap and 4 warps 
 GROUP_PROGRAMS = 512  # with request groups, about this many groups (programs) per launch
 
 
-def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
+LOOSE_PROGRAM_BUDGET = 1024  # loose bounds: about this many programs in all (chunk programs capped, they stride)
+
+
+def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False) -> ExpandConfig:
     """The launch parameters for a batch of ``num_reqs`` requests of at most ``max_seq_len`` tokens.
+
+    ``loose_bound``: ``max_seq_len`` may be far above the real lengths (the model's maximum length, so that one
+    CUDA graph serves every step). The grid is sized from the bound, and every program sums its request's
+    prefix before it finds whether it has anything to store, so a loose bound costs in proportion to the bound
+    (the committed JSON's ``loose_bound_probe``, under a 128k bound against the tight one: 256 x 4k 29.6 against
+    2.3 us, 1024 x 1000 223 against 2.7 us, 16,384 x 32 27 ms against 4.4 us). With ``loose_bound`` the chunk
+    programs per request are capped so that the grid holds about :data:`LOOSE_PROGRAM_BUDGET` programs (each
+    then strides over its request's chunks), one warp from :data:`FEW_REQS` requests, request groups from
+    ``4 * GROUP_PROGRAMS`` requests whatever the bound, and no streaming stores (the output size is unknown):
+    in ``budget_probe`` a budget of 1024 took those cases to 2.4-2.6, 2.9-3.0 and 24 us, and 32 x 32k under a
+    128k bound from 5.6 to 1.9-2.0 us (its tight time); 2048 and more were slower at every loose case. The
+    price is where the bound is tight and the output large: capped programs stride, and 512 x 128k took 80 us
+    against 70.6 (``stride_probe``: wider chunks and more warps did not win it back). So it is not the default.
 
     Every program sums ``seq_lens[:r]`` for its request, in every one of its warps, so the grid's prefix work
     grows as programs x warps x ``num_reqs``: quadratic in the batch size. The eighth session's H200 sweep
@@ -573,8 +589,15 @@ def expand_config(num_reqs: int, max_seq_len: int) -> ExpandConfig:
     kernel). After a kernel that does not trigger its dependents early (a torch ``fill_``), PDL gained nothing
     measurable: the overlap needs a predecessor that triggers, as this kernel and the decode kernels do.
     """
-    streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     block_t = max(16, min(1024, triton.next_power_of_2(max(max_seq_len, 1))))
+    if loose_bound:
+        group = 1
+        if num_reqs >= 4 * GROUP_PROGRAMS:
+            group = min(4096 // block_t, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
+        groups = max(1, -(-num_reqs // group))
+        return ExpandConfig(block_t=block_t, num_warps=4 if num_reqs < FEW_REQS else 1, group=group,
+                            prefix_u32=group > 1, max_chunk_programs=max(1, LOOSE_PROGRAM_BUDGET // groups))
+    streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     num_warps = 4 if num_reqs < FEW_REQS or streaming else 1
     group = 1
     if max_seq_len <= 1024 and num_reqs >= 4 * GROUP_PROGRAMS:
@@ -618,6 +641,7 @@ def expand_page_indices(
     num_blocks: int | None = None,
     config: ExpandConfig | None = None,
     precomputed_kv_indptr: bool = False,
+    loose_bound: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expand block-table entries into per-token flat KV indices, on the device, in one launch.
 
@@ -628,11 +652,13 @@ def expand_page_indices(
     (``ExpandConfig.group``), so the grid is then (request group x chunk).
 
     ``max_seq_len`` also sizes the grid and picks the launch parameters. A loose bound (say the model's
-    maximum length, so that one CUDA graph serves every step) is correct for any batch, but it launches a
-    program for every chunk up to the bound, and each of those sums its request's ``seq_lens`` prefix before
-    it finds that it has nothing to store; it also gives 1024-token chunks and no request groups, and above
-    64 MB of bounded output it switches to streaming stores without PDL. So the call costs time in proportion
-    to the bound (not measured here). vLLM builds this metadata outside its CUDA graphs, with the step's
+    maximum length, so that one CUDA graph serves every step) is correct for any batch, but by default it
+    launches a program for every chunk up to the bound, and each of those sums its request's ``seq_lens``
+    prefix before it finds that it has nothing to store: the call then costs time in proportion to the bound
+    (on an H200 under a 128k bound, 256 x 4k took 29.6 us against 2.3 with the tight bound). Pass
+    ``loose_bound=True`` in that case: :func:`expand_config` then caps the grid at about 1024 programs that
+    stride over the chunks (2.4-2.6 us there), at some cost where the bound is tight and the output large
+    (512 x 128k: 80 against 70.6 us). vLLM builds this metadata outside its CUDA graphs, with the step's
     host-side maximum length: the tight bound.
 
     Host synchronisation: none when ``out``, ``kv_indptr`` and ``max_seq_len`` are given and
@@ -659,6 +685,8 @@ def expand_page_indices(
             each request's start and length from it instead of summing ``seq_lens``, and leaves it unchanged.
             One dependent read less per program: 1.89-2.04 us at 256 x 4k on the H200 against 2.16-2.34 (the
             benchmark's sweep row "precomputed kv_indptr", chapter 2). With ``validate`` its values are checked.
+        loose_bound: ``max_seq_len`` may be far above the real lengths: launch parameters for that
+            (:func:`expand_config`); ignored when ``config`` is given.
 
     Returns:
         ``(kv_indices, kv_indptr)``: ``(sum(seq_lens),) int32`` (the first ``sum(seq_lens)`` entries of
@@ -694,7 +722,8 @@ def expand_page_indices(
             kv_indptr.zero_()
     else:
         _launch_expand(block_table, seq_lens, K, out, kv_indptr, max_seq_len,
-                       config or expand_config(num_reqs, max_seq_len), indptr_in=precomputed_kv_indptr)
+                       config or expand_config(num_reqs, max_seq_len, loose_bound=loose_bound),
+                       indptr_in=precomputed_kv_indptr)
     return (out if total is None else out[:total]), kv_indptr
 
 
@@ -843,6 +872,7 @@ def build_flat_decode_metadata(
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
     kv_indptr: torch.Tensor | None = None,
+    loose_bound: bool = False,
 ) -> DecodeMetadata:
     """The metadata an aiter-style MLA decode call needs, for one step (the builder every chapter uses).
 
@@ -852,7 +882,7 @@ def build_flat_decode_metadata(
         query_lens: host-side query tokens per request (list, tuple or CPU tensor), so ``max_qo_len``
             needs no device sync.
         kernel_block_size: ``K``.
-        num_blocks, validate, max_seq_len, out, kv_indptr: passed to :func:`expand_page_indices`.
+        num_blocks, validate, max_seq_len, out, kv_indptr, loose_bound: passed to :func:`expand_page_indices`.
 
     Returns:
         :class:`DecodeMetadata` with ``qo_indptr`` ``(num_reqs + 1,) int32``, ``kv_indptr``
@@ -883,7 +913,7 @@ def build_flat_decode_metadata(
     else:
         kv_indices, kv_indptr = expand_page_indices(
             block_table, seq_lens, K, out=out, kv_indptr=kv_indptr, max_seq_len=max_seq_len,
-            validate=validate, num_blocks=num_blocks,
+            validate=validate, num_blocks=num_blocks, loose_bound=loose_bound,
         )
     return DecodeMetadata(
         qo_indptr=qo_indptr,

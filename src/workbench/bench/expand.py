@@ -19,6 +19,10 @@ Contenders, all timed under CUDA-graph replay except the dense one:
 * ``dense``: plain torch ``[R, max_len]`` indices + boolean mask; the mask compaction synchronises with
   the host, so it cannot be captured and is timed eagerly (:func:`workbench.bench.common.time_eager`).
 
+Each case below 128k tokens is also timed with a loose bound, ``max_seq_len=131072`` (one CUDA graph for
+every step would be sized by the model's maximum length): with ``loose_bound=True`` and with the default
+launch (:func:`_time_loose_bound`; outputs checked against the tight call's).
+
 Also measured, for context: the write-only ``fill_`` bandwidth, a ``fill_`` of each case's output buffer
 (the same bytes written with no indexing at all), and the time of a one-store kernel under the same
 replay (the floor any launch pays). The copy ceiling is the largest of three copy measurements
@@ -270,6 +274,34 @@ def _time_kernel(block_table, seq_lens, K, out, indptr, max_seq_len, config) -> 
         block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=max_seq_len, validate=False, config=config))
 
 
+LOOSE_BOUND = 131_072  # a model's maximum length: the bound a graph that serves every step would be sized by
+LOOSE_DEFAULT_MAX_PROGRAMS = 1 << 20  # the loose bound with the default launch is timed up to this many programs
+
+
+def _time_loose_bound(block_table, seq_lens, K, out, indptr, total, num_reqs) -> dict[str, Any]:
+    """The same expansion with ``max_seq_len=LOOSE_BOUND`` instead of the tight bound: with
+    ``loose_bound=True`` (``kernel_loose_bound_us``) and with the default launch
+    (``kernel_loose_bound_default_us``; skipped above ``LOOSE_DEFAULT_MAX_PROGRAMS`` programs: 16,384 x 32 took
+    27 ms in the committed ``loose_bound_probe``). Both outputs are checked against the tight call's."""
+    res: dict[str, Any] = {"loose_bound": LOOSE_BOUND}
+    want_out, want_indptr = out.clone(), indptr.clone()
+    loose_out, loose_indptr = torch.empty_like(out), torch.empty_like(indptr)
+    default = E.expand_config(num_reqs, LOOSE_BOUND)
+    runs = [("kernel_loose_bound_us", E.expand_config(num_reqs, LOOSE_BOUND, loose_bound=True))]
+    if -(-num_reqs // default.group) * -(-LOOSE_BOUND // default.block_t) <= LOOSE_DEFAULT_MAX_PROGRAMS:
+        runs.append(("kernel_loose_bound_default_us", default))
+    for key, cfg in runs:
+        loose_out.fill_(-1)
+        res[key] = time_cuda_graph(lambda: E.expand_page_indices(
+            block_table, seq_lens, K, out=loose_out, kv_indptr=loose_indptr, max_seq_len=LOOSE_BOUND,
+            validate=False, config=cfg))
+        torch.cuda.synchronize()
+        res[key.replace("kernel_", "agree_").replace("_us", "")] = bool(torch.equal(loose_out, want_out)) and bool(
+            torch.equal(loose_indptr, want_indptr))
+    res["loose_bound_config"] = dataclasses.asdict(runs[0][1])
+    return res
+
+
 def _time_after_fill(fn) -> float:
     """Time of ``fn()`` right after a one-int ``fill_`` (a kernel that does not trigger dependents early), under
     graph replay: the period of (fill_, fn) pairs less the period of fill_ alone."""
@@ -358,6 +390,8 @@ def run_case(num_reqs: int, seq_len: int, K: int = K_DEFAULT, *, copy_gb_s: floa
     fill_buf = torch.empty_like(out)
     res["fill_same_bytes_us"] = time_cuda_graph(lambda: fill_buf.fill_(7))
     del fill_buf
+    if seq_len < LOOSE_BOUND:
+        res.update(_time_loose_bound(block_table, seq_lens, K, out, indptr, total, num_reqs))
 
     serial_out = torch.empty_like(out)
     res["serial_us"] = time_cuda_graph(lambda: E._launch_serial(block_table, given_indptr, K, serial_out))
@@ -456,7 +490,8 @@ def format_table(payload: dict[str, Any]) -> str:
         "bytes = 4 * sum(ceil(L/K) + L)   (block-table entries read + 4 B written per token)",
         "",
         f"{'case':>14} {'tokens':>11} {'kernel us':>10} {'GB/s':>7} {'%copy':>6} {'serial us':>10} "
-        f"{'speedup':>8} {'dense us':>9} {'fill us':>8} {'no PDL us':>10} {'after fill_':>12} {'indptr given':>13}",
+        f"{'speedup':>8} {'dense us':>9} {'fill us':>8} {'no PDL us':>10} {'after fill_':>12} {'indptr given':>13} "
+        f"{'128k bound':>11} {'(default)':>10}",
     ]
     for c in payload["cases"]:
         dense = f"{c['dense_us']:9.1f}" if "dense_us" in c else f"{'-':>9}"
@@ -464,7 +499,8 @@ def format_table(payload: dict[str, Any]) -> str:
             f"{c['num_reqs']:>5} x {c['seq_len']:<6} {c['tokens']:>11,} {c['kernel_us']:10.2f} {c['kernel_gb_s']:7.0f} "
             f"{100 * c['kernel_frac_copy']:5.1f}% {c['serial_us']:10.2f} {c['speedup_vs_serial']:7.1f}x {dense} "
             f"{c['fill_same_bytes_us']:8.2f} {_cell(c, 'kernel_no_pdl_us', 10)} {_cell(c, 'kernel_after_fill_us', 12)} "
-            f"{_cell(c, 'kernel_indptr_given_us', 13)}"
+            f"{_cell(c, 'kernel_indptr_given_us', 13)} {_cell(c, 'kernel_loose_bound_us', 11)} "
+            f"{_cell(c, 'kernel_loose_bound_default_us', 10)}"
         )
     lines += ["", f"{'bar':36} {'target':>16} {'measured':>10}  verdict"]
     for b in payload["bars"]:
