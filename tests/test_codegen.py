@@ -22,7 +22,7 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster", "gluon_ws", "merge_tiles")
+                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -57,6 +57,8 @@ out["gluon_cluster"] = [codegen.gluon_kernel_report(heads=16, cluster=c, pdl=Tru
 out["gluon_ws"] = [codegen.gluon_ws_kernel_report(direct=d) for d in (False, True)]
 out["meta_before_wait"] = codegen.split_kernel_report(dataclasses.replace(small, meta_before_wait=True))
 out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
+out["spin_split"] = codegen.split_kernel_report(dataclasses.replace(small, spin_merge=True))
+out["spin_merge"] = [codegen.merge_kernel_report(pdl=a == "sm_90", spin=True, arch=a) for a in ("sm_90", "gfx942")]
 print(json.dumps(out))
 """
 
@@ -150,6 +152,10 @@ def test_backend_argument_is_checked():
         mla.triton_config(16, torch.bfloat16, backend="metal")
     with pytest.raises(ValueError, match="arch must be one of"):
         codegen.amd_kernel_report(mla.triton_config(16, torch.bfloat16, backend="hip"), arch="gfx1100")
+    with pytest.raises(ValueError, match="pdl=True is NVIDIA-only"):
+        codegen.merge_kernel_report(pdl=True, arch="gfx942")
+    with pytest.raises(ValueError, match="arch must be one of"):
+        codegen.merge_kernel_report(pdl=False, arch="gfx1100")
 
 
 def test_expansion_kernel_compiles_for_rocm_and_hopper(reports):
@@ -207,6 +213,19 @@ def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):
     assert not merge_plain["has_wait"] and merge_plain["global_reads_before_wait"] > 0, merge_plain
     assert reports["meta_before_wait"]["global_reads_before_wait"] > 0, reports["meta_before_wait"]
     assert not reports["no_pdl_split"]["has_wait"], reports["no_pdl_split"]
+
+
+def test_spin_merge_kernels_compile_and_keep_the_pdl_order(reports):
+    """The spin merge (opt-in, round 26): its split kernel still reads nothing before its PDL wait and triggers
+    only after it (so everything before this call has finished when the merge starts early); the merge has no
+    PDL wait and polls its rows' counts with acquire atomics at GPU scope instead. Both merge variants compile
+    for Hopper and for an MI300X (gfx942) without scratch."""
+    split = reports["spin_split"]
+    assert split["has_wait"] and split["global_reads_before_wait"] == 0 and split["global_writes_before_wait"] == 0
+    assert split["launch_dependents_after_wait"] and split["spill_bytes"] == 0, split
+    hopper, amd = reports["spin_merge"]
+    assert not hopper["has_wait"] and hopper["has_launch_dependents"] and hopper["acquire_polls"] >= 1, hopper
+    assert amd["scratch_bytes"] == 0 and amd["vgprs"] is not None, amd
 
 
 def test_gluon_split_kernel_fits_and_keeps_its_schedule(reports):

@@ -219,21 +219,23 @@ def test_triton_every_qlen_interpreter(qlen):
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
-@pytest.mark.parametrize("fused_merge", [False, True])
+@pytest.mark.parametrize("merge", ["kernel", "fused", "spin"])
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
-def test_split_counts_agree(num_splits, fused_merge):
+def test_split_counts_agree(num_splits, merge):
     """Splits (some empty for the shorter request) merged by LSE give the single-split answer, whether a
-    second kernel merges or the last split of each row block does (and leaves its counter at zero)."""
+    second kernel merges (after the split grid, or as each row's counts complete: the spin merge) or the last
+    split of each row block does; the fused and spin merges leave their counters at zero."""
     case = make_case([2, 2], [2, 50], 2, dtype=torch.float32, seed=3)
-    cfg = dataclasses.replace(mla.triton_config(4, torch.float32), fused_merge=fused_merge)
+    cfg = dataclasses.replace(mla.triton_config(4, torch.float32), fused_merge=merge == "fused",
+                              spin_merge=merge == "spin")
     for _ in range(2):  # twice: the second launch relies on the counters the first one reset
         out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                          case["kv_indices"], 2, 0.1, num_splits=num_splits, config=cfg)
         gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
         torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
-    if fused_merge and num_splits > 1:
-        assert int(mla._COUNTERS[out.device][:4].abs().sum()) == 0
+    if merge != "kernel" and num_splits > 1:
+        assert int(mla._COUNTERS[out.device].abs().sum()) == 0
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
@@ -248,6 +250,41 @@ def test_merge_kernel_chunks_and_column_blocks(num_splits):
     gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
     torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+def test_spin_merge_writes_nan_for_rows_whose_counts_never_complete():
+    """The spin merge on its own: partials of 3 splits for 5 rows (one partial row block of 4-row tiles), with
+    every row's count complete but row 2's (one split short, as if a split program never stored it). The others
+    merge exactly (against a torch log-sum-exp merge); row 2 is NaN after MAX_SPIN polls, not a partial merge;
+    counters and tickets are left zeroed for the next launch."""
+    g = torch.Generator().manual_seed(4)
+    S, R, D = 3, 5, mla.KV_LORA_RANK
+    mid_o, mid_lse = torch.randn(S, R, D, generator=g), torch.randn(S, R, generator=g)
+    mid_lse[1, 4] = float("-inf")  # a split that saw no key
+    counters = torch.full((R,), S, dtype=torch.int32)
+    counters[2] = S - 1
+    done = torch.zeros(2, dtype=torch.int32)
+    out, lse = torch.empty(R, D, dtype=torch.float16), torch.empty(R)
+    mla._mla_decode_merge_kernel[(2, D // 128)](mid_o, mid_lse, out, lse, R, S, BLOCK_R=4, BLOCK_D=128,
+                                                 SPLIT_CHUNK=2, D_LATENT=D, COUNTERS=counters, DONE=done, SPIN=True,
+                                                 MAX_SPIN=3, num_warps=1)
+    want_lse = torch.logsumexp(mid_lse, 0)
+    want = (torch.exp(mid_lse - want_lse)[:, :, None] * mid_o).sum(0)
+    keep = torch.tensor([0, 1, 3, 4])
+    torch.testing.assert_close(out[keep].float(), want[keep], atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse[keep], want_lse[keep], atol=1e-5, rtol=1e-5)
+    assert out[2].isnan().all() and lse[2].isnan()
+    assert int(counters.abs().sum()) == 0 and int(done.abs().sum()) == 0
+
+
+def test_spin_merge_config_is_checked():
+    for other in (dict(fused_merge=True), dict(balanced=True), dict(meta_before_wait=True, pdl_split=True)):
+        with pytest.raises(ValueError, match="spin_merge is a mode of the Triton split kernel"):
+            mla.TritonConfig(16, 64, 8, 3, spin_merge=True, **other)
+    with pytest.raises(ValueError, match="spin_merge is a mode of the Triton split kernel"):
+        mla.TritonConfig(64, 64, 8, 2, gluon=True, spin_merge=True)
+    assert mla.TritonConfig(16, 64, 8, 3, spin_merge=True).label.endswith(" spin")
 
 
 # The kernel variants the H200 sweeps tried (rounds 3-6 under `explore` in the decode JSON; all slower than
@@ -397,22 +434,23 @@ def assert_graph_replays_equal(call, eager_out):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
-@pytest.mark.parametrize("fused_merge", [False, True])
+@pytest.mark.parametrize("merge", ["kernel", "fused", "spin"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_triton_gpu_ragged_and_cuda_graph(dtype, fused_merge):
-    """Ragged query lengths, both merge designs, and CUDA-graph replays giving the eager answer."""
+def test_triton_gpu_ragged_and_cuda_graph(dtype, merge):
+    """Ragged query lengths, the three merge designs, and CUDA-graph replays giving the eager answer."""
     case = make_case([1, 4, 7, 2], [300, 5000, 7, 64], 16, dtype=dtype, device="cuda", seed=11)
     md = metadata_of(case)
-    cfg = dataclasses.replace(mla.triton_config(7 * 16, dtype, gluon=False), fused_merge=fused_merge)
+    cfg = dataclasses.replace(mla.triton_config(7 * 16, dtype, gluon=False), fused_merge=merge == "fused",
+                              spin_merge=merge == "spin")
     args = (case["q"], case["kv_cache"], md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_qo_len, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=8)
-    check_against_golden(case, eager_out, eager_lse, dtype, 0.07, f"ragged {dtype} fused={fused_merge}")
+    check_against_golden(case, eager_out, eager_lse, dtype, 0.07, f"ragged {dtype} merge={merge}")
     assert_graph_replays_equal(lambda out: mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out), eager_out)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
-@pytest.mark.parametrize("pdl", [True, False, "split", "meta"])
+@pytest.mark.parametrize("pdl", [True, False, "split", "meta", "spin"])
 @pytest.mark.parametrize("batch_tokens", [None, 65536])  # the large- and the small-batch defaults
 @pytest.mark.parametrize("qlen", [1, 2, 3])
 def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
@@ -422,7 +460,8 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
     case = make_case([qlen] * 5, [max(n, qlen) for n in GPU_KV_LENS], 16, dtype=torch.bfloat16, device="cuda",
                      seed=qlen)
     cfg = dataclasses.replace(mla.triton_config(qlen * 16, torch.bfloat16, batch_tokens, gluon=False), pdl=bool(pdl),
-                              pdl_split=pdl in ("split", "meta"), meta_before_wait=pdl == "meta")
+                              pdl_split=pdl in ("split", "meta", "spin"), meta_before_wait=pdl == "meta",
+                              spin_merge=pdl == "spin")
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
     eager_out, eager_lse = mla.mla_decode_triton(*args, config=cfg, num_splits=6)
     check_against_golden(case, eager_out, eager_lse, torch.bfloat16, 0.07, f"{cfg.label} qlen {qlen}")

@@ -126,7 +126,8 @@ def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, tar
     options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages") or (k == "maxnreg" and nvidia)}
     runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
     return _compile(mla._mla_decode_split_kernel, runtime,
-                    dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False),
+                    dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False,
+                         SIGNAL=cfg.spin_merge),
                     _DIVISIBLE_BY_16, target, options)
 
 
@@ -153,6 +154,14 @@ def _amd_usage(amdgcn: str) -> dict[str, int | None]:
     return {"vgprs": int(vgprs[0]) if vgprs else None, "scratch_bytes": int(scratch[0]) if scratch else None}
 
 
+def _target(arch: str) -> tuple:
+    """The GPUTarget tuple of ``arch``: ``"sm_90"`` (Hopper) or one of :data:`AMD_TARGETS`."""
+    targets = dict(AMD_TARGETS, sm_90=HOPPER)
+    if arch not in targets:
+        raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
+    return targets[arch]
+
+
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
                          pdl: bool = False, group: int = 1) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
@@ -164,9 +173,7 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``; on
     ``sm_90`` also ``barriers_before_first_store`` (CTA barriers before the first global store: 0, as the prefix
     sum of seq_lens is reduced inside each warp)."""
-    targets = dict(AMD_TARGETS, sm_90=HOPPER)
-    if arch not in targets:
-        raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
+    target = _target(arch)
     if pdl and arch != "sm_90":
         raise ValueError(f"pdl needs an NVIDIA target (sm_90): PDL is griddepcontrol PTX; got arch {arch!r}")
     _require_compiled()
@@ -177,7 +184,7 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
                   CHUNKS_FIRST=True, PDL=pdl, GROUP=group)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
-                      targets[arch], dict(num_warps=num_warps))
+                      target, dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "group": group, "shared": kernel.metadata.shared,
                               "triton": triton.__version__}
     if arch == "sm_90":
@@ -190,20 +197,36 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     return report
 
 
-def merge_kernel_report(pdl: bool = True, dtype: str = "bf16") -> dict[str, Any]:
-    """Compile the decode's second-kernel merge for Hopper as the library launches it with PDL (waiting for the
-    split kernel, then letting the next call's split kernel launch) and report :func:`pdl_report`."""
+def merge_kernel_report(pdl: bool = True, dtype: str = "bf16", *, spin: bool = False,
+                        arch: str = "sm_90") -> dict[str, Any]:
+    """Compile the decode's second-kernel merge as the library launches it with PDL (waiting for the split
+    kernel, then letting the next call's split kernel launch) and report :func:`pdl_report`. ``spin``: the spin
+    merge (``TritonConfig.spin_merge``: no PDL wait, the rows' counts polled instead); its report also holds
+    ``acquire_polls`` (acquire atomics at GPU scope in the PTX). ``arch``: ``"sm_90"`` or one of
+    :data:`AMD_TARGETS` (there only that it compiles: ``vgprs`` and ``scratch_bytes``)."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    target = _target(arch)
+    if pdl and arch != "sm_90":
+        raise ValueError(f"pdl=True is NVIDIA-only (griddepcontrol, sm_90+); the library launches the merge on {arch} "
+                         "without it: pass pdl=False")
     _require_compiled()
     from workbench import mla
     runtime = {"MID_O": "*fp32", "MID_LSE": "*fp32", "OUT": f"*{dtype}", "LSE": "*fp32", "total_rows": "i32",
                "num_splits": "i32"}
-    consts = dict(BLOCK_R=16, BLOCK_D=16, SPLIT_CHUNK=8, D_LATENT=mla.KV_LORA_RANK, GDC_WAIT=pdl,
-                  LAUNCH_DEPENDENTS=pdl, TRACE_BUF=None, TRACE=False)
-    kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"}, HOPPER,
-                      dict(num_warps=4))
-    return dict(pdl_report(kernel.asm["ptx"]), pdl=pdl)
+    consts = dict(BLOCK_R=16, BLOCK_D=16, SPLIT_CHUNK=8, D_LATENT=mla.KV_LORA_RANK, GDC_WAIT=pdl and not spin,
+                  LAUNCH_DEPENDENTS=pdl, TRACE_BUF=None, TRACE=False, SPIN=spin)
+    if spin:
+        runtime.update(COUNTERS="*i32", DONE="*i32")
+    else:
+        consts.update(COUNTERS=None, DONE=None)
+    kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
+                      target, dict(num_warps=4))
+    if arch != "sm_90":
+        return dict(_amd_usage(kernel.asm["amdgcn"]), pdl=pdl, spin=spin, arch=arch)
+    ptx = kernel.asm["ptx"]
+    return dict(pdl_report(ptx), pdl=pdl, spin=spin, arch=arch,
+                acquire_polls=sum("atom." in ln and ".acquire" in ln and ".gpu" in ln for ln in ptx.splitlines()))
 
 
 def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = "sm_90",
@@ -212,9 +235,7 @@ def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = 
     partials loaded at once; :meth:`workbench.mla.TritonConfig.merge_tile` picks the tile) for ``arch``
     (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report its registers and spills: ``regs`` and
     ``spill_bytes`` (``ptxas -v``) on NVIDIA, ``vgprs`` and ``scratch_bytes`` on AMD."""
-    targets = dict(AMD_TARGETS, sm_90=HOPPER)
-    if arch not in targets:
-        raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
+    target = _target(arch)
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
     _require_compiled()
@@ -224,7 +245,7 @@ def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = 
     consts = dict(BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=split_chunk, D_LATENT=mla.KV_LORA_RANK,
                   GDC_WAIT=False, LAUNCH_DEPENDENTS=False, TRACE_BUF=None, TRACE=False)
     kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
-                      targets[arch], dict(num_warps=4))
+                      target, dict(num_warps=4))
     report: dict[str, Any] = {"tile": (block_r, block_d), "split_chunk": split_chunk, "arch": arch}
     if arch == "sm_90":
         report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "_mla_decode_merge_kernel")

@@ -442,6 +442,8 @@ def _mla_decode_split_kernel(
     META_BEFORE_WAIT: tl.constexpr = False,  # GDC_WAIT: read the indptrs and the first indices before the wait
     TRACE_BUF=None,  # TRACE: (programs, TRACE_SLOTS) int64 timestamps (see trace_layout())
     TRACE: tl.constexpr = False,  # record %globaltimer at entry, after each tile and at exit (compiled NVIDIA)
+    SIGNAL: tl.constexpr = False,  # spin merge: count each stored partial row in COUNTERS ((total_rows,) int32),
+    #                               and let the merge launch right after the PDL wait (it spins on the counts)
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -451,6 +453,8 @@ def _mla_decode_split_kernel(
         tl.store(trace + 1, tl.extra.cuda.globaltimer())
     if GDC_WAIT and not META_BEFORE_WAIT:  # nothing is read before this: every input may come from the kernel before
         tl.extra.cuda.gdc_wait()
+    if SIGNAL and LAUNCH_DEPENDENTS:  # (after the wait: a kernel let in early still knows all before this is done)
+        tl.extra.cuda.gdc_launch_dependents()  # the spin merge's programs wait on COUNTERS, not on this grid
     if TRACE:
         tl.store(trace, tl.extra.cuda.smid().to(tl.int64))
         if not META_BEFORE_WAIT:
@@ -606,7 +610,7 @@ def _mla_decode_split_kernel(
             if TRACE:
                 _trace_tile(trace, (start - k_lo) // BLOCK_N, l_i)
 
-    if LAUNCH_DEPENDENTS:  # the merge still waits (griddepcontrol.wait) until this whole grid's stores are visible
+    if LAUNCH_DEPENDENTS and not SIGNAL:  # the merge still waits (griddepcontrol.wait) for this whole grid's stores
         tl.extra.cuda.gdc_launch_dependents()
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -620,6 +624,11 @@ def _mla_decode_split_kernel(
         prow = pid_s.to(tl.int64) * total_rows + grow
         tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out, mask=row_ok[:, None])
         tl.store(LSE + prow, lse, mask=row_ok)
+        if SIGNAL:
+            # Every thread's partial stores precede the release (barrier, then a release at GPU scope): a merge
+            # program that acquires a count of num_splits for a row sees every split's partial of that row.
+            tl.debug_barrier()
+            tl.atomic_add(COUNTERS + grow, 1, mask=row_ok, sem="release", scope="gpu")
         if TRACE:
             tl.store(trace + 3, tl.extra.cuda.globaltimer())
         if FUSED_MERGE:
@@ -688,10 +697,21 @@ def _mla_decode_merge_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False,  # PDL: let the next kernel (the next call's split) be scheduled now
     TRACE_BUF=None,  # TRACE: (programs, MERGE_TRACE_SLOTS) int64
     TRACE: tl.constexpr = False,
+    COUNTERS=None,  # SPIN: (total_rows,) int32 partials stored per row (the split kernel's SIGNAL); left zeroed
+    DONE=None,  # SPIN: (cdiv(total_rows, BLOCK_R),) int32 column programs past their spin, per row block; left zeroed
+    SPIN: tl.constexpr = False,  # wait for this tile's rows' counts instead of for the whole split grid
+    MAX_SPIN: tl.constexpr = 1 << 22,  # SPIN: polls before the rows still short of num_splits are written as NaN
 ):
     """Merge the splits of BLOCK_R rows x BLOCK_D columns. Many small programs, each loading the partials of
     up to SPLIT_CHUNK splits in one go (not one split after another), so the merge is short even when one
-    request has many splits: it reads from L2 at the parallelism of the whole GPU."""
+    request has many splits: it reads from L2 at the parallelism of the whole GPU.
+
+    ``SPIN`` (the spin merge): no PDL wait; the program polls (acquire, GPU scope) the counts its rows' split
+    programs release after storing their partials, and merges as soon as its rows are complete, while other
+    requests' splits still run. It cannot deadlock: with PDL this grid is launched only once every split
+    program has reached its trigger (all of them are resident, and none waits on this grid); without PDL it
+    runs after the split grid. A row whose count never completes (inputs that break the launch's contract, such
+    as a query longer than ``max_qo_len``) is written as NaN after ``MAX_SPIN`` polls, not left wrong."""
     if TRACE:
         trace = TRACE_BUF + (tl.program_id(0) + tl.num_programs(0) * tl.program_id(1)) * MERGE_TRACE_SLOTS
         tl.store(trace + 1, tl.extra.cuda.globaltimer())
@@ -699,14 +719,28 @@ def _mla_decode_merge_kernel(
         tl.extra.cuda.gdc_wait()
     if LAUNCH_DEPENDENTS:  # a dependent waits (griddepcontrol.wait) for this whole grid before it reads anything
         tl.extra.cuda.gdc_launch_dependents()
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    ok = rows < total_rows
+    if SPIN:
+        done = tl.where(ok, tl.atomic_add(COUNTERS + rows, 0, mask=ok, sem="acquire", scope="gpu"), num_splits)
+        polls = 0
+        while (tl.min(done, 0) < num_splits) & (polls < MAX_SPIN):
+            done = tl.where(ok, tl.atomic_add(COUNTERS + rows, 0, mask=ok, sem="acquire", scope="gpu"), num_splits)
+            polls += 1
+        tl.debug_barrier()  # every thread's loads below come after every thread's acquire above
+        ticket = tl.atomic_add(DONE + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.num_programs(1) - 1:  # the row block's last column program: reset for the next launch
+            tl.atomic_xchg(COUNTERS + rows, 0, mask=ok, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(DONE + tl.program_id(0), 0, sem="relaxed", scope="gpu")
     if TRACE:
         tl.store(trace, tl.extra.cuda.smid().to(tl.int64))
         tl.store(trace + 2, tl.extra.cuda.globaltimer())
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    ok = rows < total_rows
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     out, lse = _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R, BLOCK_D, SPLIT_CHUNK,
-                           D_LATENT, False)
+                           D_LATENT, SPIN)
+    if SPIN:  # rows whose partials never all arrived (MAX_SPIN polls): NaN, not a silently partial merge
+        out = tl.where((done < num_splits)[:, None], float("nan"), out)
+        lse = tl.where(done < num_splits, float("nan"), lse)
     tl.store(OUT + rows[:, None] * D_LATENT + d[None, :], out.to(OUT.dtype.element_ty), mask=ok[:, None])
     if tl.program_id(1) == 0:
         tl.store(LSE + rows, lse, mask=ok)
@@ -893,6 +927,11 @@ class TritonConfig:
     cluster_merge: bool = False  # gluon only: when the split count is 2, 4 or 8, the splits of a row block run as one
     #                              thread-block cluster and merge their partials after a cluster barrier (no
     #                              second kernel); other split counts use the second-kernel merge
+    spin_merge: bool = False  # Triton split kernel only: each split program counts its stored partial rows (release)
+    #                           and lets the merge launch right after its PDL wait; each merge program polls its
+    #                           rows' counts (acquire) instead of waiting for the whole split grid. Exact (outputs
+    #                           bit-identical), but slower at every point of round 26 (B=16 L=4k 32.8-33.9 against
+    #                           30.9-31.6 us; B=64 L=4k +7 %): the polling programs slow the split kernel
 
     def __post_init__(self) -> None:
         if self.gluon and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
@@ -902,6 +941,10 @@ class TritonConfig:
                            or self.warp_specialize or self.swap_ab or self.prefetch):
             raise ValueError("gluon replaces the Triton split kernel: balanced, fused_merge, meta_before_wait, "
                              "idx_ahead, warp_specialize, swap_ab and prefetch do not apply to it")
+        if self.spin_merge and (self.gluon or self.balanced or self.fused_merge or self.meta_before_wait):
+            raise ValueError("spin_merge is a mode of the Triton split kernel's second-kernel merge: it does not go "
+                             "with gluon, balanced, fused_merge or meta_before_wait (its early trigger comes right "
+                             "after the split kernel's PDL wait, which meta_before_wait moves)")
         if self.cluster_merge and not self.gluon:
             raise ValueError("cluster_merge is a mode of the gluon split kernel; it needs gluon=True")
         if self.gluon_ws and (not self.gluon or self.cluster_merge):
@@ -961,7 +1004,7 @@ class TritonConfig:
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
-                self.cluster_merge, self.gluon_ws)
+                self.cluster_merge, self.gluon_ws, self.spin_merge)
 
     @property
     def label(self) -> str:
@@ -972,7 +1015,8 @@ class TritonConfig:
                 + (f" ip{self.idx_prefetch}" if self.idx_prefetch else "")
                 + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else "")
                 + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else "")
-                + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else ""))
+                + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else "")
+                + (" spin" if self.spin_merge else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1025,7 +1069,7 @@ def _counter_workspace(dev: torch.device, n: int) -> torch.Tensor:
     buf = _COUNTERS.get(dev)
     if buf is None or buf.numel() < n:
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the fused-merge counter workspace must be allocated before CUDA-graph capture: "
+            raise RuntimeError("the counter workspace of the fused and spin merges must be allocated before CUDA-graph capture: "
                                "run the same call once eagerly first")
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
         _COUNTERS[dev] = buf
@@ -1142,7 +1186,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     indices before that wait and so needs them written before the kernel that precedes the call. The merge's
     tile follows the call's row count (:meth:`TritonConfig.merge_tile`, round 19). The other switches of
     :class:`TritonConfig` (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the
-    designs of rounds 3-7 of those sweeps: each is exact, none was faster on the H200 (chapter 3).
+    designs of rounds 3-7 of those sweeps, and ``spin_merge`` that of round 26: each is exact, none was faster on
+    the H200 (chapter 3).
     """
     backend = backend or ("hip" if torch.version.hip is not None else "cuda")
     if backend not in ("cuda", "hip"):
@@ -1336,11 +1381,20 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             total_rows, scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=True, **common)
         _note_compiled(cfg, compiled)
         return out, lse
+    merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}
+    counters = kv_indptr  # (unused by the kernel unless SIGNAL)
+    if cfg.spin_merge:
+        # per-row counts, then one ticket per merge row block; both left zeroed by the merge
+        merge_rows = triton.cdiv(total_rows, cfg.merge_tile(total_rows, num_splits)[0])
+        ws = _counter_workspace(q.device, total_rows + merge_rows)
+        counters = ws[:total_rows]
+        common["SIGNAL"] = True
+        merge_opts.update(SPIN=True, COUNTERS=counters, DONE=ws[total_rows:total_rows + merge_rows])
+        merge_opts.pop("GDC_WAIT", None)  # the counts order the merge after each row's splits, not the PDL wait
     compiled = _mla_decode_split_kernel[grid](
-        q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, kv_indptr, cache.stride(0), total_rows,
+        q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters, cache.stride(0), total_rows,
         scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=False, **common)
     _note_compiled(cfg, compiled)
-    merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}
     if pdl_split:
         merge_opts["LAUNCH_DEPENDENTS"] = True
     if trace is not None:
