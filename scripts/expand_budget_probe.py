@@ -14,8 +14,6 @@ Run on an H200: PYTHONPATH=src python3 scripts/expand_budget_probe.py [OUT.json]
 import dataclasses
 import sys
 
-import torch
-
 from workbench import expand as E
 from workbench.bench import common
 from workbench.bench import expand as BE
@@ -25,7 +23,7 @@ LOOSE = ((256, 4096, 32768), (256, 4096, 131072), (32, 32768, 131072), (1024, 10
 BUDGETS = (1024, 2048, 4096, 8192, None)  # None: no cap (the library today)
 
 
-def variants(R, bound):
+def variants_of(R, bound):
     base = E.expand_config(R, bound)
     groups = -(-R // base.group)
     out = []
@@ -46,31 +44,15 @@ def variants(R, bound):
 
 
 def main():
-    dev = common.require_gpu()
+    common.require_gpu()
     rows = []
     cases = [(R, L, L) for R, L in TIGHT] + list(LOOSE)
     for rnd in range(3):
         for R, L, bound in cases:
-            block_table, seq_lens, _ = BE._make_inputs(R, L, 16, dev)
-            wide = torch.zeros(R, -(-bound // 16), dtype=torch.int32, device=dev)
-            wide[:, : block_table.shape[1]] = block_table
-            ref_out, ref_indptr = E.expand_page_indices_dense(block_table, seq_lens, 16)
-            out = torch.empty(ref_out.numel(), dtype=torch.int32, device=dev)
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
-            for tag, cfg in variants(R, bound):
-                if bound > L and tag == "no cap" and R >= 1024:
-                    continue  # measured by the loose-bound probe: 0.2-27 ms
-                fn = lambda: E.expand_page_indices(wide, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,  # noqa: E731
-                                                   validate=False, config=cfg)
-                out.fill_(-1)
-                us = common.time_cuda_graph(fn)
-                torch.cuda.synchronize()
-                ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
-                label = ("tight " if bound == L else f"bound {bound} ") + tag
-                rows.append(dict(round=rnd, R=R, L=L, bound=bound, label=label, us=us, agree=ok,
-                                 config=dataclasses.asdict(cfg)))
-            del wide, block_table, out
-            torch.cuda.empty_cache()
+            variants = [(("tight " if bound == L else f"bound {bound} ") + tag, bound, cfg)
+                        for tag, cfg in variants_of(R, bound)
+                        if not (bound > L and tag == "no cap" and R >= 1024)]  # the loose-bound probe has those
+            rows += BE.time_expand_variants(R, L, bound, variants, rnd)
     common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_budget_probe.py OUT.json",
                                (sys.argv[1:] or [None])[0])
 

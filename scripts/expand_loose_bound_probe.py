@@ -14,8 +14,6 @@ Run on an H200: PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py [OUT.
 import dataclasses
 import sys
 
-import torch
-
 from workbench import expand as E
 from workbench.bench import common
 from workbench.bench import expand as BE
@@ -26,18 +24,10 @@ CAPS = (4, 16, 64)
 
 
 def main():
-    dev = common.require_gpu()
+    common.require_gpu()
     rows = []
     for rnd in range(3):
         for R, L in CASES:
-            block_table, seq_lens, _ = BE._make_inputs(R, L, 16, dev)
-            # a block table as wide as the largest bound (as a graph-captured step would allocate it); rows
-            # past each request's length hold block 0
-            wide = torch.zeros(R, -(-max(BOUNDS) // 16), dtype=torch.int32, device=dev)
-            wide[:, : block_table.shape[1]] = block_table
-            ref_out, ref_indptr = E.expand_page_indices_dense(block_table, seq_lens, 16)
-            out = torch.empty(ref_out.numel(), dtype=torch.int32, device=dev)
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
             variants = [("tight", L, None)]
             for bound in BOUNDS:
                 if bound <= L:
@@ -46,16 +36,8 @@ def main():
                 for cap in CAPS:
                     variants.append((f"bound {bound} cap {cap}", bound,
                                      dataclasses.replace(E.expand_config(R, bound), max_chunk_programs=cap)))
-            for label, bound, cfg in variants:
-                fn = lambda: E.expand_page_indices(wide, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
-                                                   validate=False, config=cfg)
-                out.fill_(-1)
-                us = common.time_cuda_graph(fn)
-                torch.cuda.synchronize()
-                ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
-                used = cfg or E.expand_config(R, bound)
-                rows.append(dict(round=rnd, R=R, L=L, label=label, bound=bound, us=us, agree=ok,
-                                 config=dataclasses.asdict(used)))
+            # a block table as wide as the largest bound, as a graph-captured step would allocate it
+            rows += BE.time_expand_variants(R, L, max(BOUNDS), variants, rnd)
     common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_loose_bound_probe.py",
                                (sys.argv[1:] or [None])[0])
 

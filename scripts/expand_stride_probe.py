@@ -11,8 +11,6 @@ Run on an H200: PYTHONPATH=src python3 scripts/expand_stride_probe.py [OUT.json]
 import dataclasses
 import sys
 
-import torch
-
 from workbench import expand as E
 from workbench.bench import common
 from workbench.bench import expand as BE
@@ -40,28 +38,12 @@ def variants(R, L, bound):
 
 
 def main():
-    dev = common.require_gpu()
+    common.require_gpu()
     rows = []
     cases = ((512, 131072, 131072), (256, 4096, 131072), (1024, 1000, 131072), (32, 32768, 131072))
     for rnd in range(3):
         for R, L, bound in cases:
-            block_table, seq_lens, _ = BE._make_inputs(R, L, 16, dev)
-            wide = torch.zeros(R, -(-bound // 16), dtype=torch.int32, device=dev)
-            wide[:, : block_table.shape[1]] = block_table
-            ref_out, ref_indptr = E.expand_page_indices_dense(block_table, seq_lens, 16)
-            out = torch.empty(ref_out.numel(), dtype=torch.int32, device=dev)
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
-            for tag, cfg in variants(R, L, bound):
-                fn = lambda: E.expand_page_indices(wide, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,  # noqa: E731
-                                                   validate=False, config=cfg)
-                out.fill_(-1)
-                us = common.time_cuda_graph(fn)
-                torch.cuda.synchronize()
-                ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
-                rows.append(dict(round=rnd, R=R, L=L, bound=bound, label=tag, us=us, agree=ok,
-                                 config=dataclasses.asdict(cfg)))
-            del wide, block_table, out
-            torch.cuda.empty_cache()
+            rows += BE.time_expand_variants(R, L, bound, [(tag, bound, cfg) for tag, cfg in variants(R, L, bound)], rnd)
     common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_stride_probe.py OUT.json",
                                (sys.argv[1:] or [None])[0])
 

@@ -302,6 +302,35 @@ def _time_loose_bound(block_table, seq_lens, K, out, indptr, total, num_reqs) ->
     return res
 
 
+def time_expand_variants(num_reqs: int, seq_len: int, width: int, variants, round_: int = 0,
+                         K: int = K_DEFAULT) -> list[dict[str, Any]]:
+    """The probes' measurement (``scripts/expand_*_probe.py``): one batch of ``num_reqs`` requests of ``seq_len``
+    tokens whose block table is ``width`` tokens wide (as a graph sized by a loose bound would allocate it; the
+    entries past each request's blocks hold block 0), and each ``(label, max_seq_len, config)`` of ``variants``
+    (``config`` None: :func:`workbench.expand.expand_config`'s) timed under CUDA-graph replay and checked against
+    the dense torch expansion. Rows as :func:`workbench.bench.common.report_probe_rounds` reads them."""
+    device = require_gpu()
+    block_table, seq_lens, _ = _make_inputs(num_reqs, seq_len, K, device)
+    wide = torch.zeros(num_reqs, -(-max(width, seq_len) // K), dtype=torch.int32, device=device)
+    wide[:, : block_table.shape[1]] = block_table
+    ref_out, ref_indptr = E.expand_page_indices_dense(block_table, seq_lens, K)
+    out = torch.empty(ref_out.numel(), dtype=torch.int32, device=device)
+    indptr = torch.empty(num_reqs + 1, dtype=torch.int32, device=device)
+    rows = []
+    for label, bound, config in variants:
+        used = config or E.expand_config(num_reqs, bound)
+        out.fill_(-1)
+        us = time_cuda_graph(lambda: E.expand_page_indices(wide, seq_lens, K, out=out, kv_indptr=indptr,
+                                                           max_seq_len=bound, validate=False, config=used))
+        torch.cuda.synchronize()
+        ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
+        rows.append(dict(round=round_, R=num_reqs, L=seq_len, bound=bound, label=label, us=us, agree=ok,
+                         config=dataclasses.asdict(used)))
+    del wide, block_table, out
+    torch.cuda.empty_cache()
+    return rows
+
+
 def _time_after_fill(fn) -> float:
     """Time of ``fn()`` right after a one-int ``fill_`` (a kernel that does not trigger dependents early), under
     graph replay: the period of (fill_, fn) pairs less the period of fill_ alone."""
