@@ -545,9 +545,11 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
     2.3 us, 1024 x 1000 223 against 2.7 us, 16,384 x 32 27 ms against 4.4 us). With ``loose_bound`` the chunk
     programs per request are capped so that the grid holds about :data:`LOOSE_PROGRAM_BUDGET` programs (each
     then strides over its request's chunks), one warp from :data:`FEW_REQS` requests, request groups from
-    ``4 * GROUP_PROGRAMS`` requests whatever the bound, and no streaming stores (the output size is unknown):
-    in ``budget_probe`` a budget of 1024 took those cases to 2.4-2.6, 2.9-3.0 and 24 us, and 32 x 32k under a
-    128k bound from 5.6 to 1.9-2.0 us (its tight time); 2048 and more were slower at every loose case. The
+    ``4 * GROUP_PROGRAMS`` requests whatever the bound (sized as for short requests, up to 32, with chunks narrowed
+    to a 4096-entry tile), and no streaming stores (the output size is unknown): in ``budget_probe`` a budget of
+    1024 took the first two cases to 2.4-2.6 and 2.9-3.0 us, and 32 x 32k under a 128k bound from 5.6 to 1.9-2.0
+    us (its tight time); 2048 and more were slower at every loose case. The wider groups took 16,384 x 32 from
+    20.4 (groups of 4 by 1024 tokens) to 6.7-6.8 us and 8192 x 64 from 9.0-9.1 to 5.5-5.6 (``loose_groups_probe``). The
     price is where the bound is tight and the output large: capped programs stride, and 512 x 128k took 80 us
     against 70.6 (``stride_probe``: wider chunks and more warps did not win it back). So it is not the default.
 
@@ -592,8 +594,9 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
     block_t = max(16, min(1024, triton.next_power_of_2(max(max_seq_len, 1))))
     if loose_bound:
         group = 1
-        if num_reqs >= 4 * GROUP_PROGRAMS:
-            group = min(4096 // block_t, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
+        if num_reqs >= 4 * GROUP_PROGRAMS:  # groups as for short requests, chunks narrowed to a 4096-entry tile
+            group = min(32, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
+            block_t = max(16, min(block_t, 4096 // group))
         groups = max(1, -(-num_reqs // group))
         return ExpandConfig(block_t=block_t, num_warps=4 if num_reqs < FEW_REQS else 1, group=group,
                             prefix_u32=group > 1, max_chunk_programs=max(1, LOOSE_PROGRAM_BUDGET // groups))
