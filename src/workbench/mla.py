@@ -1069,8 +1069,8 @@ def _counter_workspace(dev: torch.device, n: int) -> torch.Tensor:
     buf = _COUNTERS.get(dev)
     if buf is None or buf.numel() < n:
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the counter workspace of the fused and spin merges must be allocated before CUDA-graph capture: "
-                               "run the same call once eagerly first")
+            raise RuntimeError("the counter workspace of the fused and spin merges must be allocated before "
+                               "CUDA-graph capture: run the same call once eagerly first")
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
         _COUNTERS[dev] = buf
     return buf
