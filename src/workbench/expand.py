@@ -549,9 +549,10 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
     to a 4096-entry tile), and no streaming stores (the output size is unknown): in ``budget_probe`` a budget of
     1024 took the first two cases to 2.4-2.6 and 2.9-3.0 us, and 32 x 32k under a 128k bound from 5.6 to 1.9-2.0
     us (its tight time); 2048 and more were slower at every loose case. The wider groups took 16,384 x 32 from
-    20.4 (groups of 4 by 1024 tokens) to 6.7-6.8 us and 8192 x 64 from 9.0-9.1 to 5.5-5.6 (``loose_groups_probe``). The
-    price is where the bound is tight and the output large: capped programs stride, and 512 x 128k took 80 us
-    against 70.6 (``stride_probe``: wider chunks and more warps did not win it back). So it is not the default.
+    20.4 (groups of 4 by 1024 tokens) to 6.7-6.8 us and 8192 x 64 from 9.0-9.1 to 5.5-5.6
+    (``loose_groups_probe``). The price is where the bound is tight and the output large: capped programs
+    stride, and 512 x 128k took 77-83 us against 70.6 (``budget_probe``; ``stride_probe``: wider chunks and more
+    warps did not win it back). So it is not the default.
 
     Every program sums ``seq_lens[:r]`` for its request, in every one of its warps, so the grid's prefix work
     grows as programs x warps x ``num_reqs``: quadratic in the batch size. The eighth session's H200 sweep
@@ -660,8 +661,8 @@ def expand_page_indices(
     prefix before it finds that it has nothing to store: the call then costs time in proportion to the bound
     (on an H200 under a 128k bound, 256 x 4k took 29.6 us against 2.3 with the tight bound). Pass
     ``loose_bound=True`` in that case: :func:`expand_config` then caps the grid at about 1024 programs that
-    stride over the chunks (2.4-2.6 us there), at some cost where the bound is tight and the output large
-    (512 x 128k: 80 against 70.6 us). vLLM builds this metadata outside its CUDA graphs, with the step's
+    stride over the chunks (2.2-2.6 us there), at some cost where the bound is tight and the output large
+    (512 x 128k: 77-83 against 70.6 us). vLLM builds this metadata outside its CUDA graphs, with the step's
     host-side maximum length: the tight bound.
 
     Host synchronisation: none when ``out``, ``kv_indptr`` and ``max_seq_len`` are given and
