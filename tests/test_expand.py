@@ -717,6 +717,13 @@ def test_committed_h200_results_and_figures():
     labels = list(fig.data[0].x)
     assert len(set(labels)) == len(results["cases"]), labels  # one distinct label per case
     assert {"1 x 97k", "256 x 4k", "512 x 128k", "1024 x 1000", "16384 x 32"} <= set(labels), labels
+    loose = viz.loose_bound_figure(results)  # tight, loose_bound=True, default launch under the loose bound
+    timed = [c for c in results["cases"] if "kernel_loose_bound_us" in c]
+    assert len(loose.data) == 3 and list(loose.data[1].x) == [V.case_label(c) for c in timed]
+    assert list(loose.data[1].y) == [c["kernel_loose_bound_us"] for c in timed]
+    assert all(c["agree_loose_bound"] for c in timed) and all(c["seq_len"] < c["loose_bound"] for c in timed)
+    with pytest.raises(ValueError, match="no loose-bound timings"):
+        viz.loose_bound_figure(dict(results, cases=results["run_eighth_session"]["cases"]))
     heat = viz.expansion_figure(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     ref, _ = E.expand_page_indices_ref(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     labels = [x for row in heat.data[0].text for x in row if x]

@@ -53,7 +53,7 @@ setup_renderer()
 # Figures, one submodule per topic, re-exported here (in the order of the book).
 from workbench.viz.roofline import roofline_figure  # noqa: E402
 from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, blocksize_widget  # noqa: E402
-from workbench.viz.expand import expand_bench_figure, expansion_figure  # noqa: E402
+from workbench.viz.expand import expand_bench_figure, expansion_figure, loose_bound_figure  # noqa: E402
 from workbench.viz.mla import decode_bandwidth_figure, decode_roofline_figure  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
 from workbench.viz.qlen import (  # noqa: E402
@@ -68,7 +68,7 @@ __all__ = [
     "setup_renderer",
     "roofline_figure",
     "blocksize_explorer", "blocksize_heatmap", "blocksize_widget",
-    "expand_bench_figure", "expansion_figure",
+    "expand_bench_figure", "expansion_figure", "loose_bound_figure",
     "decode_bandwidth_figure", "decode_roofline_figure",
     "interleaving_figure", "schedule_figure", "stress_figure",
     "acceptance_figure", "acceptance_length_figure", "measured_padding_figure", "padding_cost_figure", "probe_figure",

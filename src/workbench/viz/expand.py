@@ -17,7 +17,8 @@ import torch
 
 from workbench import expand
 
-__all__ = ["COMMITTED_RESULTS", "case_label", "expand_bench_figure", "expansion_figure", "load_expand_results"]
+__all__ = ["COMMITTED_RESULTS", "case_label", "expand_bench_figure", "expansion_figure", "load_expand_results",
+           "loose_bound_figure"]
 
 COMMITTED_RESULTS = "bench_expand_h200.json"  # in workbench/data/
 _COLORS = {"kernel": "#1f77b4", "serial": "#ff7f0e", "dense": "#7f7f7f", "fill": "#2ca02c"}
@@ -92,6 +93,33 @@ def expand_bench_figure(results: dict[str, Any] | None = None) -> go.Figure:
         xaxis={"title": "requests x tokens each (K = 16)"},
         title=f"Index expansion on {results['provenance'].get('device', '?')} (CUDA-graph replay; dense: eager)",
         width=820, height=480, template="plotly_white", legend={"font": {"size": 10}, "orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def loose_bound_figure(results: dict[str, Any] | None = None) -> go.Figure:
+    """Per case of a run that timed loose bounds (``workbench bench expand`` from the ninth session on): the
+    call with the tight bound, and with the loose one (``loose_bound`` in the case, 128k) launched with
+    ``loose_bound=True`` and by default (no bar where that was not timed), as grouped bars on a log time axis."""
+    results = results or load_expand_results()
+    cases = [c for c in results["cases"] if "kernel_loose_bound_us" in c]
+    if not cases:
+        raise ValueError("these results have no loose-bound timings (kernel_loose_bound_us): runs from the ninth "
+                         "session on have them")
+    labels = [case_label(c) for c in cases]
+    bound = cases[0]["loose_bound"]
+    fig = go.Figure()
+    for key, name, color in (("kernel_us", "tight bound (max of the lengths)", "#1f77b4"),
+                             ("kernel_loose_bound_us", f"bound {bound // 1024}k, loose_bound=True", "#2ca02c"),
+                             ("kernel_loose_bound_default_us", f"bound {bound // 1024}k, default launch", "#d62728")):
+        fig.add_trace(go.Bar(x=labels, y=[c.get(key) for c in cases], name=name, marker_color=color,
+                             hovertemplate="%{x}: %{y:.2f} us<extra></extra>"))
+    fig.update_layout(
+        barmode="group", yaxis={"type": "log", "title": "time per call (us)"},
+        xaxis={"title": "requests x tokens each (K = 16)"},
+        title=f"A loose max_seq_len bound on {results['provenance'].get('device', '?')} (CUDA-graph replay; "
+              "a missing red bar was not timed)",
+        width=820, height=440, template="plotly_white", legend={"font": {"size": 10}, "orientation": "h", "y": -0.22},
     )
     return fig
 
