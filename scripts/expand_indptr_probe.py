@@ -46,13 +46,8 @@ def _probe_kernel(block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr,
         start = tl.load(kv_indptr_ptr + r).to(tl.int64)
         seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
     else:  # the library's prefix sum (a warp-wide 32-entry vector, reduced once)
-        lanes = tl.arange(0, 32)
         seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-        part = tl.zeros([32], dtype=tl.int64)
-        for i in tl.static_range(0, BLOCK_R, 32):
-            o = i + lanes
-            part += tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64)
-        start = tl.sum(part).to(tl.int64)
+        start = E._prefix_sum(seq_lens_ptr, r, BLOCK_R, False, False)
     if c == 0:
         if STORE == 1:
             tl.store(indptr_out_ptr + r + 1, (start + seq_len).to(tl.int32))
@@ -96,18 +91,9 @@ def main():
     shapes = ((1024, 4), (1024, 2), (1024, 1))
     for rnd in range(3):
         for R, L in cases:
-            bt, sl, _ = BE._make_inputs(R, L, 16, dev)
-            if R in (100, 1000):  # ragged: the grouped and single stores' masks and tails
-                sl = torch.randint(1, L + 1, (R,), device=dev, dtype=torch.int32)
-            ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), 16)
-            n = int(ref_indptr[-1])
-            out = torch.empty(n, dtype=torch.int32, device=dev)
-            floor = BE._store_only_kernel
-            fl = lambda: floor[(triton.cdiv(n, 1024),)](out, n, BLOCK=1024, num_warps=4, PDL=True, launch_pdl=True)
-            rows.append(dict(round=rnd, R=R, L=L, label="store only PDL", us=common.time_cuda_graph(fl)))
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
-            lib = lambda: E.expand_page_indices(bt, sl, 16, out=out, kv_indptr=indptr, max_seq_len=L, validate=False)
-            rows.append(dict(round=rnd, R=R, L=L, label="library", us=common.time_cuda_graph(lib)))
+            # ragged where R in (100, 1000): the grouped and single stores' masks and tails
+            bt, sl, ref_out, ref_indptr, out, base = BE.probe_case(R, L, rnd, ragged=R in (100, 1000))
+            rows += base
             for variant in STORES:
                 for block_t, warps in shapes:
                     given = variant.startswith("given")

@@ -39,12 +39,7 @@ def _probe_kernel(block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr,
     else:
         seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
         if PREFIX == 0 or PREFIX == 6:  # the library's prefix sum (mode 6 only moves the kv_indptr store)
-            lanes = tl.arange(0, 32)
-            part = tl.zeros([32], dtype=tl.int64)
-            for i in tl.static_range(0, BLOCK_R, 32):
-                o = i + lanes
-                part += tl.load(seq_lens_ptr + o, mask=o < r, other=0).to(tl.int64)
-            start = tl.sum(part).to(tl.int64)
+            start = E._prefix_sum(seq_lens_ptr, r, BLOCK_R, False, False)
         elif PREFIX == 1:
             start = r.to(tl.int64) * uniform_len
         elif PREFIX == 5:
@@ -84,18 +79,9 @@ def main():
     cases = ((256, 4096), (32, 32768), (1, 97000), (100, 3000))
     for rnd in range(3):
         for R, L in cases:
-            bt, sl, _ = BE._make_inputs(R, L, 16, dev)
-            if R == 100:  # ragged: correctness of mode 5's tail and masks
-                sl = torch.randint(1, L + 1, (R,), device=dev, dtype=torch.int32)
-            ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), 16)
-            n = int(ref_indptr[-1])
-            out = torch.empty(n, dtype=torch.int32, device=dev)
-            floor = BE._store_only_kernel
-            fl = lambda: floor[(triton.cdiv(n, 1024),)](out, n, BLOCK=1024, num_warps=4, PDL=True, launch_pdl=True)
-            rows.append(dict(round=rnd, R=R, L=L, label="store only PDL", us=common.time_cuda_graph(fl)))
-            lib = lambda: E.expand_page_indices(bt, sl, 16, out=out, kv_indptr=indptr, max_seq_len=L, validate=False)
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
-            rows.append(dict(round=rnd, R=R, L=L, label="library", us=common.time_cuda_graph(lib)))
+            # ragged where R == 100: correctness of mode 5's tail and masks
+            bt, sl, ref_out, ref_indptr, out, base = BE.probe_case(R, L, rnd, ragged=R == 100)
+            rows += base
             for mode in (0, 1, 3, 4, 5, 6):
                 for block_t, warps in ((1024, 4), (1024, 2), (1024, 1), (2048, 4), (2048, 2), (2048, 1), (4096, 8)):
                     for cs in (False, True):

@@ -302,6 +302,29 @@ def _time_loose_bound(block_table, seq_lens, K, out, indptr, total, num_reqs) ->
     return res
 
 
+def probe_case(num_reqs: int, seq_len: int, round_: int, ragged: bool = False, K: int = K_DEFAULT):
+    """The common start of the in-kernel probes (``scripts/expand_prefix_probe.py``, ``expand_indptr_probe.py``):
+    a batch (``ragged``: lengths drawn from 1..``seq_len``), its reference from the spec, an output buffer, and
+    the two baseline rows every probe times first: a store-only kernel launched with PDL writing the same number
+    of int32 (``"store only PDL"``, the floor) and the library's call (``"library"``).
+    Returns ``(block_table, seq_lens, ref_out, ref_indptr, out, rows)``."""
+    device = require_gpu()
+    bt, sl, _ = _make_inputs(num_reqs, seq_len, K, device)
+    if ragged:
+        sl = torch.randint(1, seq_len + 1, (num_reqs,), device=device, dtype=torch.int32)
+    ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), K)
+    n = int(ref_indptr[-1])
+    out = torch.empty(n, dtype=torch.int32, device=device)
+    indptr = torch.empty(num_reqs + 1, dtype=torch.int32, device=device)
+    floor = time_cuda_graph(lambda: _store_only_kernel[(triton.cdiv(n, 1024),)](
+        out, n, BLOCK=1024, num_warps=4, PDL=True, launch_pdl=True))
+    lib = time_cuda_graph(lambda: E.expand_page_indices(bt, sl, K, out=out, kv_indptr=indptr, max_seq_len=seq_len,
+                                                        validate=False))
+    rows = [dict(round=round_, R=num_reqs, L=seq_len, label="store only PDL", us=floor),
+            dict(round=round_, R=num_reqs, L=seq_len, label="library", us=lib)]
+    return bt, sl, ref_out, ref_indptr, out, rows
+
+
 def time_expand_variants(num_reqs: int, seq_len: int, width: int, variants, round_: int = 0,
                          K: int = K_DEFAULT) -> list[dict[str, Any]]:
     """The probes' measurement (``scripts/expand_*_probe.py``): one batch of ``num_reqs`` requests of ``seq_len``
