@@ -593,19 +593,17 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
     measurable: the overlap needs a predecessor that triggers, as this kernel and the decode kernels do.
     """
     block_t = max(16, min(1024, triton.next_power_of_2(max(max_seq_len, 1))))
-    if loose_bound:
-        group = 1
-        if num_reqs >= 4 * GROUP_PROGRAMS:  # groups as for short requests, chunks narrowed to a 4096-entry tile
-            group = min(32, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
-            block_t = max(16, min(block_t, 4096 // group))
+    # requests per group for about GROUP_PROGRAMS groups (a power of two); 1 below 4 per group
+    per_group = 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1) if num_reqs >= 4 * GROUP_PROGRAMS else 1
+    if loose_bound:  # groups as for short requests whatever the bound, chunks narrowed to a 4096-entry tile
+        group = min(32, per_group)
+        block_t = max(16, min(block_t, 4096 // group))
         groups = max(1, -(-num_reqs // group))
         return ExpandConfig(block_t=block_t, num_warps=4 if num_reqs < FEW_REQS else 1, group=group,
                             prefix_u32=group > 1, max_chunk_programs=max(1, LOOSE_PROGRAM_BUDGET // groups))
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     num_warps = 4 if num_reqs < FEW_REQS or streaming else 1
-    group = 1
-    if max_seq_len <= 1024 and num_reqs >= 4 * GROUP_PROGRAMS:
-        group = min(4096 // block_t, 1 << ((num_reqs // GROUP_PROGRAMS).bit_length() - 1))
+    group = min(4096 // block_t, per_group) if max_seq_len <= 1024 else 1
     return ExpandConfig(block_t=block_t, num_warps=num_warps, streaming_stores=streaming, pdl=not streaming,
                         group=group, prefix_u32=group > 1)
 

@@ -278,7 +278,7 @@ LOOSE_BOUND = 131_072  # a model's maximum length: the bound a graph that serves
 LOOSE_DEFAULT_MAX_PROGRAMS = 1 << 20  # the loose bound with the default launch is timed up to this many programs
 
 
-def _time_loose_bound(block_table, seq_lens, K, out, indptr, total, num_reqs) -> dict[str, Any]:
+def _time_loose_bound(block_table, seq_lens, K, out, indptr, num_reqs) -> dict[str, Any]:
     """The same expansion with ``max_seq_len=LOOSE_BOUND`` instead of the tight bound: with
     ``loose_bound=True`` (``kernel_loose_bound_us``) and with the default launch
     (``kernel_loose_bound_default_us``; skipped above ``LOOSE_DEFAULT_MAX_PROGRAMS`` programs: 16,384 x 32 took
@@ -443,7 +443,7 @@ def run_case(num_reqs: int, seq_len: int, K: int = K_DEFAULT, *, copy_gb_s: floa
     res["fill_same_bytes_us"] = time_cuda_graph(lambda: fill_buf.fill_(7))
     del fill_buf
     if seq_len < LOOSE_BOUND:
-        res.update(_time_loose_bound(block_table, seq_lens, K, out, indptr, total, num_reqs))
+        res.update(_time_loose_bound(block_table, seq_lens, K, out, indptr, num_reqs))
 
     serial_out = torch.empty_like(out)
     res["serial_us"] = time_cuda_graph(lambda: E._launch_serial(block_table, given_indptr, K, serial_out))
