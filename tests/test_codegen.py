@@ -22,7 +22,7 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge")
+                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -59,6 +59,8 @@ out["meta_before_wait"] = codegen.split_kernel_report(dataclasses.replace(small,
 out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
 out["spin_split"] = codegen.split_kernel_report(dataclasses.replace(small, spin_merge=True))
 out["spin_merge"] = [codegen.merge_kernel_report(pdl=a == "sm_90", spin=True, arch=a) for a in ("sm_90", "gfx942")]
+out["gluon_tma"] = codegen.gluon_kernel_report(heads=16, pdl=True, tma_store=True)
+out["tma_split"] = codegen.split_kernel_report(dataclasses.replace(small, tma_store=True))
 print(json.dumps(out))
 """
 
@@ -280,3 +282,17 @@ def test_gluon_ws_kernel_fits_and_waits_before_reading(reports):
         assert len(r["partition_barriers"]) >= 2, r
         assert r["pdl"]["has_wait"] and r["pdl"]["global_reads_before_wait"] == 0, r
         assert r["spill_bytes"] <= 32, r
+
+
+def test_tma_store_variants_write_partials_by_tma(reports):
+    """``tma_store``: the gluon kernel stages its (64, 512) fp32 partial in the idle tile buffers (no more shared
+    memory than without it) and each of its 8 warps issues two 64 x 32 boxes (2 instructions in the PTX); the
+    Triton split kernel's partial leaves by descriptor store too; neither reads memory before its PDL wait, and
+    the kernels without the switch have no TMA store."""
+    g, plain = reports["gluon_tma"], reports["gluon_cluster"][0]
+    assert g["tma_stores"] == 2 and g["bulk_waits"] == 1 and g["spill_bytes"] == 0, g
+    assert g["shared"] <= codegen.GLUON_SMEM_LIMIT and g["pdl"]["global_reads_before_wait"] == 0, g
+    assert reports["gluon"][0]["tma_stores"] == 0 and plain["tma_stores"] == 0
+    t = reports["tma_split"]
+    assert t["tma_stores"] >= 1 and t["spill_bytes"] == 0 and t["global_reads_before_wait"] == 0, t
+    assert reports["16x64 w8 s3 ia pdl pdls"]["tma_stores"] == 0

@@ -278,6 +278,105 @@ def test_spin_merge_writes_nan_for_rows_whose_counts_never_complete():
     assert int(counters.abs().sum()) == 0 and int(done.abs().sum()) == 0
 
 
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+@pytest.mark.parametrize("heads,qo_lens,kv_lens", [(8, [3, 2, 1], [5, 40, 17]), (16, [1, 2, 1], [70, 3, 9])])
+def test_tma_store_partials_match_golden(heads, qo_lens, kv_lens):
+    """``tma_store``: programs whose 16 rows are all real write their partial with one descriptor store, the
+    others (8 heads: the last rows of a 3-token and of a 1-token request) by mask; three splits, some empty or
+    ending inside a tile, merged by the second kernel, give the golden."""
+    case = make_case(qo_lens, kv_lens, heads, dtype=torch.float32, seed=5)
+    cfg = mla.TritonConfig(16, 16, 1, 1, tma_store=True)
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], max(qo_lens), 0.1, num_splits=3, config=cfg)
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+def test_split_merge_kernel_merges_its_slice_and_writes_nan_for_short_blocks():
+    """``SPLIT_MERGE`` in the split kernel, launched by hand under the interpreter, where programs run one after
+    another: in each row block only the last of the 3 splits finds every partial stored; it merges its column
+    slices (64-column slices 2 and 5 of 8) exactly, while the first two time out after MAX_SPIN polls and write
+    NaN over theirs (and the LSE, which split 0 writes), not a partial merge. The counters are left zeroed.
+    On a GPU all splits are resident at once and wait for each other (the GPU tests)."""
+    heads, splits = 4, 3
+    case = make_case([2, 1], [70, 9], heads, dtype=torch.float32, seed=8)
+    cfg = mla.TritonConfig(16, 16, 1, 1)
+    total_q = case["q"].shape[0]
+    total_rows, row_blocks = total_q * heads, 1
+    mid_o = torch.zeros(splits, total_rows, DV)
+    mid_lse = torch.zeros(splits, total_rows)
+    out, lse = torch.zeros(total_q, heads, DV), torch.zeros(total_q, heads)
+    counters = torch.zeros(2 * 2 * row_blocks, dtype=torch.int32)
+    opts = mla.split_kernel_options(cfg, heads, torch.float32, torch.device("cpu"))
+    mla._mla_decode_split_kernel[(row_blocks, splits, 2)](
+        case["q"], case["kv_cache"].reshape(-1, D), case["kv_indices"], case["qo_indptr"], case["kv_indptr"], mid_o,
+        mid_lse, out, lse, counters, D, total_rows, 0.1 * mla._LOG2E, splits, DIRECT=False, FUSED_MERGE=False,
+        SPLIT_MERGE=True, MERGE_CHUNK=4, MAX_SPIN=3, **opts)
+    gold_out, _ = mla.mla_decode_ref(**case, sm_scale=0.1)
+    last = torch.cat([torch.arange(64 * c, 64 * c + 64) for c in (2, 5)])
+    rest = torch.tensor([i for i in range(DV) if i not in set(last.tolist())])
+    torch.testing.assert_close(out[..., last], gold_out[..., last], atol=2e-5, rtol=1e-5)
+    assert out[..., rest].isnan().all() and lse.isnan().all()
+    assert int(counters.abs().sum()) == 0
+
+
+def test_split_merge_config_is_checked():
+    for other in (dict(fused_merge=True), dict(balanced=True), dict(spin_merge=True), dict(tma_store=True)):
+        with pytest.raises(ValueError, match="split_merge is a mode of the Triton split kernel"):
+            mla.TritonConfig(16, 64, 8, 3, split_merge=True, **other)
+    with pytest.raises(ValueError, match="split_merge is a mode of the Triton split kernel"):
+        mla.TritonConfig(64, 64, 8, 2, gluon=True, split_merge=True)
+    assert mla.TritonConfig(16, 64, 8, 3, split_merge=True).label.endswith(" sm")
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+def test_split_merge_falls_back_to_the_merge_kernel_under_the_interpreter():
+    """Programs of the interpreter run one after another, so a launch whose programs wait for each other is not
+    made there: ``split_merge`` takes the second-kernel merge and still gives the golden."""
+    case = make_case([2, 2], [2, 50], 2, dtype=torch.float32, seed=3)
+    cfg = dataclasses.replace(mla.triton_config(4, torch.float32), split_merge=True)
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], 2, 0.1, num_splits=3, config=cfg)
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(ON_GPU, reason="interpreter only")
+@pytest.mark.parametrize("merge", ["kernel", "fused"])
+@pytest.mark.parametrize("qo_lens,kv_lens,heads", [([1, 1, 1], [1, 17, 100], 3), ([2, 5, 1], [9, 40, 33], 2)])
+def test_narrow_partials_match_golden(qo_lens, kv_lens, heads, merge):
+    """``narrow_partials``: fp16 partial outputs (fp32 LSE) merged by the second kernel or by the last split,
+    3 splits (some empty), within the derived tolerance of the golden."""
+    case = make_case(qo_lens, kv_lens, heads, dtype=torch.float16, seed=6)
+    cfg = dataclasses.replace(mla.triton_config(max(qo_lens) * heads, torch.float16), narrow_partials=True,
+                              fused_merge=merge == "fused")
+    assert mla.partial_dtype(cfg, torch.float16) == torch.float16
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], max(qo_lens), 0.1, num_splits=3, config=cfg)
+    check_against_golden(case, out, lse, torch.float16, 0.1, f"narrow {merge} {qo_lens}")
+
+
+def test_narrow_partials_config_is_checked():
+    for other in (dict(balanced=True), dict(tma_store=True)):
+        with pytest.raises(ValueError, match="narrow_partials does not go with"):
+            mla.TritonConfig(16, 64, 8, 3, narrow_partials=True, **other)
+    cfg = mla.TritonConfig(16, 64, 8, 3, narrow_partials=True)
+    assert cfg.label.endswith(" np") and mla.partial_dtype(cfg, torch.bfloat16) == torch.bfloat16
+    assert mla.partial_dtype(mla.TritonConfig(16, 64, 8, 3), torch.bfloat16) == torch.float32
+
+
+def test_tma_store_config_is_checked():
+    for other in (dict(fused_merge=True), dict(balanced=True), dict(spin_merge=True)):
+        with pytest.raises(ValueError, match="tma_store is a mode of the gluon split kernel"):
+            mla.TritonConfig(16, 64, 8, 3, tma_store=True, **other)
+    with pytest.raises(ValueError, match="tma_store is a mode of the gluon split kernel"):
+        mla.TritonConfig(64, 64, 8, 2, gluon=True, gluon_ws=True, tma_store=True)
+    assert mla.TritonConfig(16, 64, 8, 3, tma_store=True).label.endswith(" tma")
+
+
 def test_spin_merge_config_is_checked():
     for other in (dict(fused_merge=True), dict(balanced=True), dict(meta_before_wait=True, pdl_split=True)):
         with pytest.raises(ValueError, match="spin_merge is a mode of the Triton split kernel"):
@@ -499,6 +598,108 @@ def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype, pd
 
 GLUON_CLUSTER = dataclasses.replace(GLUON_PDLS, cluster_merge=True)
 GLUON_WS = dataclasses.replace(GLUON_PDLS, gluon_ws=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None), reason="needs an NVIDIA GPU (CUDA's occupancy query)")
+@pytest.mark.parametrize("block_m,qo_lens", [(16, [1, 1, 1]), (16, [2, 2, 2]), (32, [2, 2, 2]), (32, [3, 1, 4]),
+                                             (16, [16, 7, 1])])
+@pytest.mark.parametrize("num_splits", [3, 8, 64])
+def test_split_merge_matches_golden_and_falls_back_when_the_grid_does_not_fit(block_m, qo_lens, num_splits):
+    """``split_merge``: the splits of each row block merge it themselves (no second kernel) when the whole grid
+    fits on the GPU at once; 64 splits of up to 7 row blocks of 3 requests do not fit and take the second-kernel
+    merge. Ragged and causal query lengths, splits that are empty or end inside a tile; NaN in unused cache rows
+    and in the output buffer; the counters left zeroed; graph replays bit-exact; within rounding of the
+    second-kernel merge."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, 16, dtype=torch.bfloat16, device="cuda", seed=block_m + num_splits + 400)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    base = mla.TritonConfig(block_m, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True)
+    cfg = dataclasses.replace(base, split_merge=True)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"{cfg.label} q{qo_lens} s{num_splits}")
+    plain, _ = mla.mla_decode_triton(*args, config=base, num_splits=num_splits)
+    torch.testing.assert_close(out, plain, rtol=1e-2, atol=1e-2)
+    assert int(mla._COUNTERS[out.device].abs().sum()) == 0
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+    assert int(mla._COUNTERS[out.device].abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None), reason="needs an NVIDIA GPU (CUDA's occupancy query)")
+def test_resident_capacity_is_the_occupancy_times_the_sms():
+    """The capacity the split merge relies on: 1 program per SM for the 168 KB small-batch tile, 2 for the 93 KB
+    large-batch one (an H100/H200's 228 KB per SM)."""
+    case = make_case([1, 1], [100, 100], 16, dtype=torch.bfloat16, device="cuda", seed=1)
+    sms = mla._sm_count(torch.device("cuda"))
+    caps = {}
+    for cfg in (mla.TritonConfig(16, 64, 8, 3, idx_ahead=True), mla.TritonConfig(16, 32, 4, 3, idx_ahead=True)):
+        opts = mla.split_kernel_options(cfg, 16, torch.bfloat16, torch.device("cuda"))
+        total = 2 * 16
+        mid_o = torch.empty(4, total, 512, device="cuda")
+        mid_lse = torch.empty(4, total, device="cuda")
+        cache = case["kv_cache"].reshape(-1, D)
+        args = (case["q"], cache, case["kv_indices"], case["qo_indptr"], case["kv_indptr"], mid_o, mid_lse,
+                case["q"][..., :512], mid_lse, case["kv_indptr"], D, total, 1.0, 4)
+        caps[cfg.block_n] = mla.resident_capacity(mla._mla_decode_split_kernel, (1, 4, 2), args,
+                                                  dict(opts, DIRECT=False, FUSED_MERGE=False, SPLIT_MERGE=True),
+                                                  torch.device("cuda"))
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert caps == {64: sms, 32: 2 * sms}, caps
+    assert all(c >= sms for c in caps.values()), caps
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kernel", ["gluon", "gluon_ws", "gluon_cluster", "triton16", "triton32", "fused"])
+@pytest.mark.parametrize("heads,qo_lens", [(16, [4, 4, 4]), (16, [3, 1, 4]), (128, [1, 2, 1]), (16, [1, 1, 1])])
+def test_narrow_partials_match_golden_gpu(kernel, heads, qo_lens, dtype):
+    """``narrow_partials`` (16-bit partial outputs) on every split kernel and merge that takes them: within the
+    derived tolerance of the golden, within two output ulps of the fp32-partial result, NaN in the output buffer
+    and in unused cache rows, graph replays bit-exact."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + len(kernel) + 500)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    base = {"gluon": GLUON_PDLS, "gluon_ws": GLUON_WS, "gluon_cluster": GLUON_CLUSTER,
+            "triton16": mla.TritonConfig(16, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True),
+            "triton32": mla.TritonConfig(32, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True),
+            "fused": mla.TritonConfig(16, 64, 8, 3, fused_merge=True)}[kernel]
+    cfg = dataclasses.replace(base, narrow_partials=True)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=out)
+    check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} {dtype}")
+    wide, wide_lse = mla.mla_decode_triton(*args, config=base, num_splits=8)
+    ulp = torch.finfo(dtype).eps * wide.float().abs().clamp_min(2.0 ** -6)
+    assert ((out.float() - wide.float()).abs() <= 2 * ulp).all()
+    torch.testing.assert_close(lse, wide_lse, rtol=0, atol=1e-5)
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=8, out=o), out)
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
+@pytest.mark.parametrize("kernel", ["gluon", "triton16", "triton32"])
+@pytest.mark.parametrize("heads,qo_lens", [(16, [4, 4, 4]), (16, [3, 1, 4]), (128, [1, 2, 1]), (16, [1, 1, 1])])
+@pytest.mark.parametrize("num_splits", [3, 8])
+def test_tma_store_matches_default_bit_for_bit(kernel, heads, qo_lens, num_splits):
+    """``tma_store`` on the gluon kernel and on the Triton split kernel (16- and 32-row tiles): whole row blocks
+    leave by TMA, partial ones (48 rows; a 16-row request in a 32-row tile) by mask. The partials hold the same
+    values either way, so the merged output must equal the default's bit for bit; NaN in the output buffer and
+    in unused cache rows; graph replays bit-exact."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + num_splits + 300)
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    base = {"gluon": GLUON_PDLS, "triton16": mla.TritonConfig(16, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True),
+            "triton32": mla.TritonConfig(32, 64, 8, 2, pdl=True, pdl_split=True)}[kernel]
+    cfg = dataclasses.replace(base, tma_store=True)
+    want, want_lse = mla.mla_decode_triton(*args, config=base, num_splits=num_splits)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits}")
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
 
 
 @pytest.mark.gpu

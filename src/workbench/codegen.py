@@ -85,6 +85,7 @@ def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible
 
 # PTX instructions that read global memory: loads, asynchronous copies into shared memory, prefetches
 _GLOBAL_READ = re.compile(r"\b(?:ld\.global|cp\.async\.(?:ca|cg)|cp\.async\.bulk|prefetch\.global|prefetch\.L2)")
+_TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared")  # a TMA store (shared to global)
 _GLOBAL_WRITE = re.compile(r"\b(?:st\.global|red\.global|atom\.global)")
 
 
@@ -125,9 +126,11 @@ def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, tar
     launch = {k: opts.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in opts}
     options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages") or (k == "maxnreg" and nvidia)}
     runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
+    if cfg.tma_store:
+        runtime["PART_DESC"] = f"tensordesc<fp32[{cfg.block_m}, 512]>"
     return _compile(mla._mla_decode_split_kernel, runtime,
                     dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False,
-                         SIGNAL=cfg.spin_merge),
+                         SIGNAL=cfg.spin_merge, TMA_STORE=cfg.tma_store),
                     _DIVISIBLE_BY_16, target, options)
 
 
@@ -258,7 +261,7 @@ GLUON_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on an H1
 
 
 def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], options: dict[str, Any],
-                   name: str) -> tuple[Any, str, dict[str, Any]]:
+                   name: str, extra_runtime: dict[str, str] | None = None) -> tuple[Any, str, dict[str, Any]]:
     """Compile one of the gluon split kernels for Hopper with the library's argument types (``OUT`` in ``dtype``
     when ``direct``, else fp32 partials) and return it, its PTX and the facts both reports share: ``regs`` and
     ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes) and ``wgmma`` (``wgmma.mma_async`` instructions)."""
@@ -270,6 +273,7 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
     runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
     if direct:
         runtime["OUT"] = f"*{dtype}"
+    runtime.update(extra_runtime or {})
     kernel = _compile(fn, runtime, dict(consts, DIRECT=direct, D_LATENT=512, D_ROPE=64), _DIVISIBLE_BY_16, HOPPER,
                       options, source=GluonASTSource)
     ptx = kernel.asm["ptx"]
@@ -279,26 +283,36 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
 
 
 def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", cluster: int = 0,
-                        pdl: bool = False) -> dict[str, Any]:
+                        pdl: bool = False, tma_store: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
     report ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes; the limit is :data:`GLUON_SMEM_LIMIT`),
     ``wgmma`` (``wgmma.mma_async`` instructions: 36 for q k^T over 576 values in k-steps of 16, 4 for P V) and
     ``cp_async_wait`` (the ``cp.async.wait_group`` counts: 1 in the loop, the next tile's copies in flight while
     this one is used). ``cluster`` (2, 4 or 8): the variant that merges its splits inside a thread-block cluster;
     ``cluster_barriers`` counts its ``barrier.cluster.arrive`` instructions (one, after the partial stores).
-    ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX."""
+    ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX.
+    ``tma_store``: the variant whose whole row blocks write their partial by TMA; ``tma_stores`` counts its
+    ``cp.async.bulk.tensor`` stores (one per 64 x 32 fp32 box: 16) and ``bulk_waits`` its waits for them."""
     if cluster and direct:
         raise ValueError("cluster merges partials: it needs direct=False")
+    if tma_store and (direct or cluster):
+        raise ValueError("tma_store writes partials outside a cluster: it needs direct=False and cluster=0")
     import triton
     from workbench import mla_gluon
 
     consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl)
+    extra: dict[str, str] = {}
     if cluster:
         consts.update(CLUSTER=cluster, MERGE_L=mla_gluon.cluster_merge_layout(cluster))
+    if tma_store:
+        consts["TMA_STORE"] = True
+        extra["PART_DESC"] = f"tensordesc<fp32[{mla_gluon.BLOCK_M}, 512],{mla_gluon.PARTIAL_LAYOUT!r}>"
     _, ptx, report = _compile_gluon(mla_gluon.mla_decode_gluon_split_kernel, dtype, direct, consts,
-                                    dict(num_warps=mla_gluon.NUM_WARPS), "gluon")
+                                    dict(num_warps=mla_gluon.NUM_WARPS), "gluon", extra)
     return dict(report, cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
                 cluster_barriers=len(re.findall(r"barrier\.cluster\.arrive", ptx)),
+                tma_stores=len(_TMA_STORE.findall(ptx)),
+                bulk_waits=len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
                 pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
 
 
@@ -337,7 +351,8 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
     """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
     report ``regs`` and ``spill_bytes`` (from ``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's
     shared-memory allocations: a leading dimension of 2 or more is a multi-buffered pipeline),
-    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight) and ``ptx_lines``.
+    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight), ``ptx_lines`` and
+    ``tma_stores`` (TMA store instructions in the PTX: non-zero with ``cfg.tma_store``).
     The split kernel is specialised as the library launches it with more than one split (partials, second-kernel
     merge, PDL as ``cfg`` says unless ``pdl_split`` overrides it)."""
     import triton
@@ -353,6 +368,7 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
         "shared_buffers": sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)", ttgir))),
         "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
         "ptx_lines": ptx.count("\n"),
+        "tma_stores": len(_TMA_STORE.findall(ptx)),
         "loop_order": order,
         **pdl_report(ptx),
         "triton": triton.__version__,

@@ -444,6 +444,15 @@ def _mla_decode_split_kernel(
     TRACE: tl.constexpr = False,  # record %globaltimer at entry, after each tile and at exit (compiled NVIDIA)
     SIGNAL: tl.constexpr = False,  # spin merge: count each stored partial row in COUNTERS ((total_rows,) int32),
     #                               and let the merge launch right after the PDL wait (it spins on the counts)
+    SPLIT_MERGE: tl.constexpr = False,  # every split of a row block merges a slice of its columns once all of the
+    #                                     block's partials are stored (counted in COUNTERS); the whole grid must
+    #                                     be resident at once (the host checks): no second kernel
+    MERGE_D: tl.constexpr = 64,  # SPLIT_MERGE: columns per merge slice (slices c = pid_s, pid_s + num_splits, ...)
+    MERGE_CHUNK: tl.constexpr = 8,  # SPLIT_MERGE: partials loaded at once (a power of two)
+    MAX_SPIN: tl.constexpr = 1 << 22,  # SPLIT_MERGE: polls before a row block still short of partials is NaN
+    PART_DESC=None,  # TMA_STORE: descriptor of OUT viewed (num_splits * total_rows, 512), (BLOCK_M, 512) blocks
+    TMA_STORE: tl.constexpr = False,  # partials: a program whose BLOCK_M rows are all real writes its partial with
+    #                                   one descriptor store (TMA on Hopper); others store by mask
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -622,13 +631,46 @@ def _mla_decode_split_kernel(
             tl.store(trace + 3, tl.extra.cuda.globaltimer())
     else:
         prow = pid_s.to(tl.int64) * total_rows + grow
-        tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out, mask=row_ok[:, None])
+        if TMA_STORE:
+            if pid_m * BLOCK_M + BLOCK_M <= n_rows:  # every row real: the next request's rows are not in the block
+                PART_DESC.store([(pid_s * total_rows + q_start * NUM_HEADS + pid_m * BLOCK_M).to(tl.int32), 0], out)
+            else:
+                tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out, mask=row_ok[:, None])
+        else:  # fp32 partials, or (narrow_partials) q's dtype
+            tl.store(OUT + prow[:, None] * D_LATENT + d_lat[None, :], out.to(OUT.dtype.element_ty),
+                     mask=row_ok[:, None])
         tl.store(LSE + prow, lse, mask=row_ok)
         if SIGNAL:
             # Every thread's partial stores precede the release (barrier, then a release at GPU scope): a merge
             # program that acquires a count of num_splits for a row sees every split's partial of that row.
             tl.debug_barrier()
             tl.atomic_add(COUNTERS + grow, 1, mask=row_ok, sem="release", scope="gpu")
+        if SPLIT_MERGE:
+            # All num_splits programs of this row block merge it together, each a slice of the columns, once the
+            # block's count reaches num_splits (barrier, then release: every thread's partial stores come first;
+            # the polls acquire). The second counter lets the last one out reset both for the next launch.
+            tl.debug_barrier()
+            counter = COUNTERS + (req * tl.num_programs(0) + pid_m) * 2
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") + 1
+            polls = 0
+            while (arrived < num_splits) & (polls < MAX_SPIN):
+                arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+                polls += 1
+            tl.debug_barrier()  # every thread's partial loads below come after the acquire above
+            short = arrived < num_splits  # MAX_SPIN polls and still short: NaN, not a silently partial merge
+            for c in range(pid_s, D_LATENT // MERGE_D, num_splits):
+                d_m = c * MERGE_D + tl.arange(0, MERGE_D)
+                final, final_lse = _merge_tile(OUT, LSE, grow, row_ok, d_m, total_rows, num_splits, BLOCK_M, MERGE_D,
+                                               MERGE_CHUNK, D_LATENT, True)
+                final = tl.where(short, float("nan"), final)
+                tl.store(FINAL_O + grow[:, None] * D_LATENT + d_m[None, :], final.to(FINAL_O.dtype.element_ty),
+                         mask=row_ok[:, None])
+                if c == 0:
+                    tl.store(FINAL_LSE + grow, tl.where(short, float("nan"), final_lse), mask=row_ok)
+            tl.debug_barrier()  # every thread is past its polls before the counters can be reset
+            if tl.atomic_add(counter + 1, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(counter + 1, 0, sem="relaxed", scope="gpu")
         if TRACE:
             tl.store(trace + 3, tl.extra.cuda.globaltimer())
         if FUSED_MERGE:
@@ -665,10 +707,11 @@ def _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R: tl
         if BYPASS_L1:
             lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"), cache_modifier=".cg")
             o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0,
-                          cache_modifier=".cg")
+                          cache_modifier=".cg").to(tl.float32)
         else:
             lse_s = tl.load(MID_LSE + prow, mask=valid, other=float("-inf"))
-            o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None], other=0.0)
+            o_s = tl.load(MID_O + prow[:, :, None] * D_LATENT + d[None, None, :], mask=valid[:, :, None],
+                          other=0.0).to(tl.float32)
         m_new = tl.maximum(m, tl.max(lse_s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         a = tl.exp(m - m_safe)
@@ -683,7 +726,7 @@ def _merge_tile(MID_O, MID_LSE, rows, ok, d, total_rows, num_splits, BLOCK_R: tl
 
 @triton.jit
 def _mla_decode_merge_kernel(
-    MID_O,  # (num_splits, total_rows, 512) fp32 partial outputs (each normalised within its split)
+    MID_O,  # (num_splits, total_rows, 512) partial outputs (each normalised within its split): fp32, or q's dtype
     MID_LSE,  # (num_splits, total_rows) fp32 natural-log LSE of each split (-inf: split saw no key)
     OUT,  # (total_rows, 512) q.dtype
     LSE,  # (total_rows,) fp32
@@ -932,6 +975,19 @@ class TritonConfig:
     #                           rows' counts (acquire) instead of waiting for the whole split grid. Exact (outputs
     #                           bit-identical), but slower at every point of round 26 (B=16 L=4k 32.8-33.9 against
     #                           30.9-31.6 us; B=64 L=4k +7 %): the polling programs slow the split kernel
+    split_merge: bool = False  # Triton split kernel only: no second kernel; every split program of a row block, once
+    #                            the block's partials are all stored (a counter it polls), merges a slice of the
+    #                            block's columns. Needs the whole grid resident at once (checked with CUDA's
+    #                            occupancy query at launch; where it is not, or under the interpreter, the
+    #                            second-kernel merge runs)
+    narrow_partials: bool = False  # the partial outputs in q's dtype (16-bit) instead of fp32, as FlashInfer's
+    #                                split-KV decode keeps them (its tmp_v is in the output dtype); LSE stays fp32.
+    #                                Half the partial bytes written and merged; each partial is rounded once more
+    #                                (the merge is a convex combination: at most one more rounding of the largest
+    #                                partial). Not with balanced or tma_store
+    tma_store: bool = False  # partials leave by TMA: a program whose rows fill its whole row block stages its fp32
+    #                          partial in shared memory and writes it with one bulk copy (NVIDIA sm90+, compiled;
+    #                          the gluon kernel, and the Triton split kernel; partial row blocks store by mask)
 
     def __post_init__(self) -> None:
         if self.gluon and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
@@ -947,6 +1003,15 @@ class TritonConfig:
                              "after the split kernel's PDL wait, which meta_before_wait moves)")
         if self.cluster_merge and not self.gluon:
             raise ValueError("cluster_merge is a mode of the gluon split kernel; it needs gluon=True")
+        if self.narrow_partials and (self.balanced or self.tma_store):
+            raise ValueError("narrow_partials does not go with balanced (its partials are fp32) or tma_store (its "
+                             "descriptor is fp32)")
+        if self.split_merge and (self.gluon or self.balanced or self.fused_merge or self.spin_merge or self.tma_store):
+            raise ValueError("split_merge is a mode of the Triton split kernel: it does not go with gluon, balanced, "
+                             "fused_merge, spin_merge or tma_store")
+        if self.tma_store and (self.gluon_ws or self.balanced or self.fused_merge or self.spin_merge):
+            raise ValueError("tma_store is a mode of the gluon split kernel and of the Triton split kernel with the "
+                             "second-kernel merge: it does not go with gluon_ws, balanced, fused_merge or spin_merge")
         if self.gluon_ws and (not self.gluon or self.cluster_merge):
             raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True and no cluster_merge")
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
@@ -1004,7 +1069,8 @@ class TritonConfig:
         return (self.block_m, self.block_n, self.num_warps, self.num_stages, self.swap_ab, self.prefetch,
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
-                self.cluster_merge, self.gluon_ws, self.spin_merge)
+                self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
+                self.narrow_partials)
 
     @property
     def label(self) -> str:
@@ -1016,7 +1082,8 @@ class TritonConfig:
                 + (f" l2+{self.l2_ahead}" if self.l2_ahead else "") + (" pdl" if self.pdl else "")
                 + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else "")
                 + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else "")
-                + (" spin" if self.spin_merge else ""))
+                + (" spin" if self.spin_merge else "") + (" tma" if self.tma_store else "")
+                + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1372,7 +1439,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             scale * _LOG2E, num_splits, DIRECT=True, FUSED_MERGE=False, **common)
         _note_compiled(cfg, compiled)
         return out, lse
-    mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device)
+    mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device)
     mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
     if cfg.fused_merge:
         counters = _counter_workspace(q.device, num_reqs * row_blocks)
@@ -1381,6 +1448,16 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             total_rows, scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=True, **common)
         _note_compiled(cfg, compiled)
         return out, lse
+    if cfg.split_merge:
+        counters = _counter_workspace(q.device, 2 * num_reqs * row_blocks)
+        args = (q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters, cache.stride(0),
+                total_rows, scale * _LOG2E, num_splits)
+        consts = dict(common, DIRECT=False, FUSED_MERGE=False, SPLIT_MERGE=True,
+                      MERGE_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk))
+        if grid[0] * grid[1] * grid[2] <= resident_capacity(_mla_decode_split_kernel, grid, args, consts, q.device):
+            compiled = _mla_decode_split_kernel[grid](*args, **consts)
+            _note_compiled(cfg, compiled)
+            return out, lse
     merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}
     counters = kv_indptr  # (unused by the kernel unless SIGNAL)
     if cfg.spin_merge:
@@ -1391,6 +1468,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         common["SIGNAL"] = True
         merge_opts.update(SPIN=True, COUNTERS=counters, DONE=ws[total_rows:total_rows + merge_rows])
         merge_opts.pop("GDC_WAIT", None)  # the counts order the merge after each row's splits, not the PDL wait
+    if cfg.tma_store:
+        common.update(PART_DESC=_partial_descriptor(mid_o, cfg.block_m), TMA_STORE=True)
     compiled = _mla_decode_split_kernel[grid](
         q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters, cache.stride(0), total_rows,
         scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=False, **common)
@@ -1417,6 +1496,46 @@ def triton_launch_plan(q: torch.Tensor, qo_indptr: torch.Tensor, kv_indices: tor
         row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
         num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), sms)
     return cfg, num_splits
+
+
+def partial_dtype(cfg: TritonConfig, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a split call's partial outputs: fp32, or ``dtype`` (q's) with ``cfg.narrow_partials``."""
+    return dtype if cfg.narrow_partials else torch.float32
+
+
+_CAPACITY: dict[tuple, int] = {}  # (kernel hash, threads, device) -> programs resident on the whole GPU at once
+
+
+def resident_capacity(kernel: Any, grid: tuple[int, int, int], args: tuple, consts: dict[str, Any],
+                      dev: torch.device) -> int:
+    """How many programs of ``kernel`` (compiled for ``args`` and ``consts``, not launched) the GPU holds at
+    once: CUDA's occupancy query (registers, shared memory, threads of the compiled kernel) times the SM count.
+    0 under the interpreter and on ROCm (programs there run one after another, or the query is not wired):
+    a launch whose programs wait for each other must not be made there."""
+    if device.interpreter_active() or dev.type != "cuda" or torch.version.hip is not None:
+        return 0
+    import ctypes
+
+    compiled = kernel.warmup(*args, grid=grid, **consts)
+    threads = 32 * compiled.metadata.num_warps
+    key = (compiled.hash, threads, dev.index)
+    if key not in _CAPACITY:
+        compiled._init_handles()
+        blocks = ctypes.c_int(0)
+        rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), ctypes.c_void_p(compiled.function), ctypes.c_int(threads),
+            ctypes.c_size_t(compiled.metadata.shared))
+        _CAPACITY[key] = blocks.value * _sm_count(dev) if rc == 0 else 0
+    return _CAPACITY[key]
+
+
+def _partial_descriptor(mid_o: torch.Tensor, block_m: int) -> Any:
+    """A tensor descriptor of the partials ``mid_o`` ``(num_splits, total_rows, 512)`` fp32 viewed as
+    ``(num_splits * total_rows, 512)``, in blocks of one program's ``block_m`` rows (``tma_store``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    flat = mid_o.view(-1, KV_LORA_RANK)
+    return TensorDescriptor(flat, list(flat.shape), [KV_LORA_RANK, 1], [block_m, KV_LORA_RANK])
 
 
 def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cfg: TritonConfig, **opts) -> None:
@@ -1446,7 +1565,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     common = dict(NUM_HEADS=heads, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=mla_gluon.NUM_WARPS)
     direct = num_splits == 1  # one split writes the final output; more write partials for the merge
     o_dst, lse_dst = (out, lse) if direct else (
-        torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=torch.float32, device=q.device),
+        torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device),
         torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
     # both kernels take (head, tail); the cluster-capable one also the final outputs between them
     head = (q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst)
@@ -1470,6 +1589,8 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
             if compiled is not None:
                 _note_compiled(cfg, compiled)
                 return
+        if cfg.tma_store and not direct:
+            common.update(PART_DESC=mla_gluon.partial_descriptor(o_dst), TMA_STORE=True)
         compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, **common)
     _note_compiled(cfg, compiled)
     if not direct:

@@ -30,16 +30,32 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait
 
-__all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "cluster_capacity", "cluster_merge_layout",
-           "launch_clustered", "mla_decode_gluon_split_kernel"]
+__all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "PARTIAL_LAYOUT", "cluster_capacity",
+           "cluster_merge_layout", "launch_clustered", "mla_decode_gluon_split_kernel", "partial_descriptor"]
 
 BLOCK_M = 64  # folded rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64  # cache rows (tokens) per tile
 NUM_WARPS = 8  # two warpgroups
 
 CLUSTER_SPLITS = (2, 4, 8)  # split counts that can merge inside a thread-block cluster (8: CUDA's portable limit)
+
+# The shared-memory layout of one program's (64, 512) fp32 partial on its way out by TMA: 128-byte swizzle, so the
+# accumulator's register-to-shared store is free of bank conflicts; the TMA writes it in boxes of 64 x 32 values
+PARTIAL_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+
+
+def partial_descriptor(mid_o):
+    """The TMA descriptor of the partials ``mid_o`` ``(num_splits, total_rows, 512)`` fp32 for the split kernel's
+    ``TMA_STORE``: a 2-D view ``(num_splits * total_rows, 512)`` written in blocks of one program's 64 rows."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if mid_o.dim() != 3 or mid_o.shape[2] != 512 or not mid_o.is_contiguous():
+        raise ValueError(f"mid_o must be a contiguous (num_splits, total_rows, 512) tensor, got shape "
+                         f"{tuple(mid_o.shape)} with strides {mid_o.stride()}")
+    flat = mid_o.view(-1, 512)
+    return TensorDescriptor(flat, list(flat.shape), [512, 1], [BLOCK_M, 512], PARTIAL_LAYOUT)
 
 
 def cluster_merge_layout(splits: int, num_warps: int = NUM_WARPS) -> gl.BlockedLayout:
@@ -134,7 +150,7 @@ def _cluster_merge(PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_ro
     w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
     denom = gl.sum(w, axis=0)
     parts = gl.load(PART_O + slot[:, :, None] * D_LATENT + c[None, None, :], mask=ok[None, :, None], other=0.0,
-                    cache_modifier=".cg")
+                    cache_modifier=".cg").to(gl.float32)
     acc = gl.sum(parts * w[:, :, None], axis=0)  # (rows, CW) in SliceLayout(0, MERGE_L)
     has = denom > 0.0
     safe = gl.where(has, denom, 1.0)
@@ -155,7 +171,7 @@ def mla_decode_gluon_split_kernel(
     KV_INDICES,  # (sum(seq_lens),) int32
     QO_INDPTR,  # (B + 1,) int32
     KV_INDPTR,  # (B + 1,) int32
-    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) fp32 partials
+    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) partials, fp32 or q.dtype
     LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_rows) fp32
     FINAL_O,  # CLUSTER: (total_q * H, 512) q.dtype, the merged output (else unused)
     FINAL_LSE,  # CLUSTER: (total_q * H,) fp32 (else unused)
@@ -172,6 +188,10 @@ def mla_decode_gluon_split_kernel(
     MERGE_L: gl.constexpr = None,  # CLUSTER: cluster_merge_layout(CLUSTER)
     PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before (griddepcontrol.wait) before the
     #                             first read, then let the next kernel (the merge) launch early
+    PART_DESC=None,  # TMA_STORE: partial_descriptor(OUT)
+    TMA_STORE: gl.constexpr = False,  # partials (not DIRECT, not CLUSTER): a program whose 64 rows are all real
+    #                                   stages its partial in the (then idle) tile buffers and writes it with
+    #                                   one TMA store instead of 128 KB of register stores
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 64
@@ -274,7 +294,15 @@ def mla_decode_gluon_split_kernel(
             gl.store(LSE + grow_s, lse_s, mask=s_ok)
         else:
             base = pid_s.to(gl.int64) * total_rows
-            gl.store(OUT + (base + grow)[:, None] * D_LATENT + d_o[None, :], out, mask=o_ok[:, None])
+            if TMA_STORE and CLUSTER == 0:
+                if pid_m * BM + BM <= n_rows:  # a whole row block of this request: one bulk store
+                    _store_partial_tma(PART_DESC, k_lat_s, out, (pid_s * total_rows + q_start * NUM_HEADS
+                                                                  + pid_m * BM).to(gl.int32), BM, D_LATENT)
+                else:  # the last rows of a request: the next request's rows follow, so store by mask
+                    gl.store(OUT + (base + grow)[:, None] * D_LATENT + d_o[None, :], out, mask=o_ok[:, None])
+            else:  # fp32 partials, or (narrow_partials) q's dtype
+                gl.store(OUT + (base + grow)[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty),
+                         mask=o_ok[:, None])
             gl.store(LSE + base + grow_s, lse_s, mask=s_ok)
             if CLUSTER > 0:
                 # every split of this row block has stored its partial (the whole cluster runs this branch:
@@ -282,6 +310,20 @@ def mla_decode_gluon_split_kernel(
                 _cluster_barrier(NUM_WARPS_C * 32)
                 _cluster_merge(OUT, LSE, FINAL_O, FINAL_LSE, q_start * NUM_HEADS + pid_m * BM, n_rows - pid_m * BM,
                                total_rows, pid_s, CLUSTER, BM, D_LATENT, MERGE_L)
+
+
+@gluon.jit
+def _store_partial_tma(PART_DESC, k_lat_s, out, row0, BM: gl.constexpr, D_LATENT: gl.constexpr):
+    """Write the (BM, D_LATENT) fp32 partial ``out`` to rows ``row0 ..`` of ``PART_DESC`` through shared memory:
+    the latent tile buffers (2 x BM x D_LATENT 16-bit values: the same 128 KB) are idle once every copy has
+    landed and every wgmma has been waited for, so the partial is staged there and leaves by TMA."""
+    _cta_barrier()  # every thread's copies have landed (wait_group(0)) and its wgmma reads are done
+    part_s = k_lat_s._reinterpret(gl.float32, [BM, D_LATENT], PART_DESC.layout)
+    part_s.store(out)
+    fence_async_shared()  # the generic-proxy stores above, before the async proxy (TMA) reads them
+    _cta_barrier()  # ... by every thread
+    tma.async_copy_shared_to_global(PART_DESC, [row0, 0], part_s)
+    tma.store_wait(0)  # the buffer must outlive the copy
 
 
 _CAPACITY: dict[tuple, int] = {}  # (kernel hash, cluster size, device) -> clusters resident at once

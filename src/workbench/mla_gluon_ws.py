@@ -145,7 +145,8 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     if DIRECT:
         gl.store(OUT + grow[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty), mask=o_ok[:, None])
     else:
-        gl.store(OUT + (out_base + grow)[:, None] * D_LATENT + d_o[None, :], out, mask=o_ok[:, None])
+        gl.store(OUT + (out_base + grow)[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty),
+                 mask=o_ok[:, None])
     if W == 0:
         if n_tiles % 2 == 1:  # the last tile is tile n_tiles - 1, even: this warpgroup's
             m_s = gl.convert_layout(MY_M.load(R4), ROW_S)
@@ -209,7 +210,7 @@ def _loader(a):
 @gluon.jit
 def mla_decode_gluon_ws_kernel(
     Q, KV, KV_INDICES, QO_INDPTR, KV_INDPTR,
-    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) fp32 partials
+    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) partials, fp32 or q.dtype
     LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_rows) fp32
     stride_kv, total_rows, qk_scale, num_splits,
     NUM_HEADS: gl.constexpr, DIRECT: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr,

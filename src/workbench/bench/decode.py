@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import statistics
 import time
@@ -29,7 +30,8 @@ import torch
 from workbench import mla
 from workbench.bench import common
 
-__all__ = ["BARS", "compare_layouts", "evaluate_bars", "explore_best", "main", "make_inputs", "measure_point", "run"]
+__all__ = ["BARS", "compare_layouts", "evaluate_bars", "explore_best", "main", "make_inputs", "measure_point", "run",
+           "variant_probe"]
 
 KV_ROW_BYTES = mla.QK_HEAD_DIM * 2  # one bf16 cache row
 FLOPS_PER_TOKEN_HEAD = 2 * (mla.QK_HEAD_DIM + mla.KV_LORA_RANK)  # per query row and key
@@ -719,6 +721,52 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, DIRECT=False, FUSED_MERGE=False,
         **mla.split_kernel_options(cfg, heads, x["q"].dtype, pool.device)))
+
+
+def variant_probe(points: tuple[tuple[int, int, int, int], ...],
+                  variants: Callable[[mla.TritonConfig], list[tuple[str, mla.TritonConfig]]], benchmark: str,
+                  command: str, out: str | None = None, rounds: int = 3, same: tuple[str, str] | None = None,
+                  log=print) -> list[dict]:
+    """Time the library's config at each ``(heads, qlen, batch, context)`` point against ``variants(config)``
+    (``(name, config)`` pairs, the first the baseline) under CUDA-graph replay, bf16, the cost model's split
+    count, ``rounds`` interleaved rounds. Each row holds ``<name>_us`` per variant and ``identical`` (the
+    outputs of the two variants named in ``same``, else of the first two, equal bit for bit) or ``max_diff``
+    (their largest difference) where they differ. Writes JSON with provenance to ``out`` if given."""
+    dev = common.require_gpu()
+    matmul_tflops()  # clocks out of idle
+    copy = common.copy_bandwidth()
+    pool = CachePool(max(b * l for _, _, b, l in points), torch.bfloat16, dev)
+    sm = mla._sm_count(dev)
+    rows = []
+    for rnd in range(rounds):
+        for h, q, b, l in points:
+            x = make_inputs(pool, h, q, b, l, seed=h * 1000 + q * 100 + b)
+            base = mla.triton_config(q * h, torch.bfloat16, b * l, num_reqs=b, sm_count=sm)
+            splits = mla.default_splits(base, b, -(-q * h // base.block_m), b * l, sm)
+            row: dict[str, Any] = dict(round=rnd, heads=h, qlen=q, batch=b, context=l, splits=splits,
+                                       config=base.label)
+            outs = {}
+            for name, cfg in variants(base):
+                o = torch.empty(b * q, h, mla.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
+                call = lambda: mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"],  # noqa: E731
+                                                     x["kv_indices"], q, None, num_splits=splits, config=cfg, out=o)
+                row[name + "_us"] = _graph_timer(call)
+                call()
+                torch.cuda.synchronize()
+                outs[name] = o.clone()
+            a, c = same or tuple(outs)[:2]
+            if a in outs and c in outs:
+                row["identical"] = bool(torch.equal(outs[a], outs[c]))
+                if not row["identical"]:
+                    row["max_diff"] = float((outs[a].float() - outs[c].float()).abs().max())
+            best = min(v for k, v in row.items() if k.endswith("_us"))
+            row["kv_tb_s_best"] = b * l * 1152 / (best * 1e-6) / 1e12
+            rows.append(row)
+            log(json.dumps(row))
+    if out:
+        common.write_json(out, dict(benchmark=benchmark, ceilings={"copy": copy}, rows=rows,
+                                    provenance=common.provenance(command)))
+    return rows
 
 
 def trace_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int, *,
