@@ -46,11 +46,12 @@ out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
 out["expand_group"] = [codegen.expand_kernel_report(a, block_t=128, num_warps=1, group=8, pdl=a == "sm_90")
                        for a in ("gfx942", "sm_90")]
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
-# every (tile, splits loaded at once) the second-kernel merge launches with above 256 rows, for 2..32 splits
+# every (tile, splits loaded at once, warps) the second-kernel merge launches with for 2..32 splits of 65 to 4096 rows
 merge_cfg = mla.TritonConfig(16, 64, 8, 3)
-launches = sorted({(*merge_cfg.merge_tile(1024, s), min(1 << (s - 1).bit_length(), merge_cfg.merge_split_chunk))
-                   for s in range(2, 33)})
-out["merge_tiles"] = [codegen.merge_tile_report(br, bd, c, arch) for br, bd, c in launches for arch in ("sm_90", "gfx942")]
+launches = sorted({(*merge_cfg.merge_tile(n, s), min(1 << (s - 1).bit_length(), merge_cfg.merge_split_chunk),
+                    merge_cfg.merge_num_warps(n)) for n in (65, 256, 1024, 4096) for s in range(2, 33)})
+out["merge_tiles"] = [codegen.merge_tile_report(br, bd, c, arch, num_warps=w) for br, bd, c, w in launches
+                      for arch in ("sm_90", "gfx942")]
 small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 out["gluon"] = [codegen.gluon_kernel_report(direct=d) for d in (False, True)]
 out["gluon_cluster"] = [codegen.gluon_kernel_report(heads=16, cluster=c, pdl=True) for c in (2, 4, 8)]
@@ -258,11 +259,11 @@ def test_gluon_cluster_merge_and_pdl_variants(reports):
 
 
 def test_merge_tiles_compile_without_spills(reports):
-    """The merge tiles chosen by split count (round 25: 16x32, 32x32, 16x16 above 256 rows), each with the split
-    chunks it is launched with for 2..32 splits, compile for Hopper and for MI300X (gfx942) without spills or
-    scratch: the 32x32 tile holds up to 8 x 32 x 32 fp32 partials in registers."""
-    tiles = {tuple(r["tile"]) for r in reports["merge_tiles"]}
-    assert tiles == {(16, 32), (32, 32), (16, 16)}, tiles
+    """The one-warp merge tiles above 64 rows (round 30: 8 rows x 128, 64 or 32 columns, at most 128 partial
+    values per thread), each with the split chunks it is launched with for 2..32 splits, compile for Hopper and
+    for MI300X (gfx942) without spills or scratch."""
+    tiles = {(tuple(r["tile"]), r["warps"]) for r in reports["merge_tiles"]}
+    assert tiles == {((8, 32), 1), ((8, 64), 1), ((8, 128), 1)}, tiles
     for r in reports["merge_tiles"]:
         if r["arch"] == "sm_90":
             assert r["spill_bytes"] == 0 and r["regs"] is not None, r

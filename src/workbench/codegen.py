@@ -233,9 +233,10 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16", *, spin: bool = F
 
 
 def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = "sm_90",
-                      dtype: str = "bf16") -> dict[str, Any]:
+                      dtype: str = "bf16", num_warps: int = 4) -> dict[str, Any]:
     """Compile the second-kernel merge with one tile (``block_r`` rows x ``block_d`` columns, ``split_chunk``
-    partials loaded at once; :meth:`workbench.mla.TritonConfig.merge_tile` picks the tile) for ``arch``
+    partials loaded at once, ``num_warps`` warps; :meth:`workbench.mla.TritonConfig.merge_tile` and
+    :meth:`~workbench.mla.TritonConfig.merge_num_warps` pick them) for ``arch``
     (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report its registers and spills: ``regs`` and
     ``spill_bytes`` (``ptxas -v``) on NVIDIA, ``vgprs`` and ``scratch_bytes`` on AMD."""
     target = _target(arch)
@@ -248,8 +249,9 @@ def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = 
     consts = dict(BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=split_chunk, D_LATENT=mla.KV_LORA_RANK,
                   GDC_WAIT=False, LAUNCH_DEPENDENTS=False, TRACE_BUF=None, TRACE=False)
     kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
-                      target, dict(num_warps=4))
-    report: dict[str, Any] = {"tile": (block_r, block_d), "split_chunk": split_chunk, "arch": arch}
+                      target, dict(num_warps=num_warps))
+    report: dict[str, Any] = {"tile": (block_r, block_d), "split_chunk": split_chunk, "warps": num_warps,
+                              "arch": arch}
     if arch == "sm_90":
         report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "_mla_decode_merge_kernel")
     else:

@@ -944,6 +944,7 @@ class TritonConfig:
     merge_block_r: int | None = None  # second-kernel merge: rows per program (None: merge_tile() picks)
     merge_block_d: int | None = None  # second-kernel merge: output columns per program, divides 512 (None: picks)
     merge_split_chunk: int = 16  # second-kernel merge: splits loaded at once (a power of two)
+    merge_warps: int | None = None  # second-kernel merge: warps per program (None: merge_num_warps() picks)
     fused_merge: bool = False  # last split merges (atomic ticket) instead of a second kernel
     swap_ab: bool = False  # transposed products (keys as the MMA's M dimension): for tiles of few rows
     prefetch: bool = False  # register double-buffering of KV tiles (with num_stages=1: no Triton pipelining)
@@ -1003,6 +1004,8 @@ class TritonConfig:
                              "after the split kernel's PDL wait, which meta_before_wait moves)")
         if self.cluster_merge and not self.gluon:
             raise ValueError("cluster_merge is a mode of the gluon split kernel; it needs gluon=True")
+        if self.merge_warps not in (None, 1, 2, 4, 8):
+            raise ValueError(f"merge_warps is {self.merge_warps}; it must be 1, 2, 4 or 8")
         if self.narrow_partials and (self.balanced or self.tma_store):
             raise ValueError("narrow_partials does not go with balanced (its partials are fp32) or tma_store (its "
                              "descriptor is fp32)")
@@ -1039,22 +1042,31 @@ class TritonConfig:
 
     def merge_tile(self, total_rows: int, num_splits: int = 1) -> tuple[int, int]:
         """(rows, columns) per program of the second-kernel merge of ``num_splits`` partials of ``total_rows``
-        folded rows: the configured ones, else smaller tiles for fewer rows so that the merge still has enough
-        programs (round 19: at B=1 L=32k, 16 rows and 87 splits, 8x16 tiles took 26.7 us per call against 34.8
-        with 16x32; at B=16 L=4k, 256 rows, 16x16 took 30.1 against 30.5; at B=64 L=4k 16x32 stayed best), and
-        for more rows a tile that follows the split count (round 25, three rounds on one H200, each of these
-        tiles faster than 16x32 in all three: 8 splits 16x16, e.g. B=16 L=4k qlen 4 43.6 against 45.4 us and
-        qlen 2 43.4 against 45.2; 4-7 splits 32x32, e.g. qlen 8 59.7 against 61.8 and 128 heads 59.6 against
-        62.6; with 2-3 splits 16x32 stays: B=64 L=32k was slowest with every other tile)."""
+        folded rows: the configured ones, else (round 30, ``scripts/merge_only_sweep.py``) one-warp programs of 8
+        rows (:meth:`merge_num_warps`) and the widest of 128, 64 or 32 columns that keeps at most 128 partial
+        values per thread (the split chunk loaded at once x 8 x columns / 32) and still makes at least 512
+        programs. On the H200 the merge alone then took 3.9 us at B=16 L=4k qlen 4 (1024 rows, 8 splits: 8x64)
+        against 7.0 with round 25's 16x16 tile on 4 warps, 2.3 against 2.9 at qlen 1 (256 rows: 8x32), 2.9
+        against 4.4 at qlen 2 and 2.9 against 4.1 at B=128 L=8k (2048 rows, 2 splits: 8x128); a warp sums its
+        splits in registers and shuffles instead of through shared memory and a barrier. At most 64 rows (one
+        or a few requests, many splits) the 8x16 tile of round 19 stays, on 4 warps."""
         if total_rows <= 64:
             auto = (8, 16)
-        elif total_rows <= 256 or num_splits >= 8:
-            auto = (16, 16)
-        elif num_splits >= 4:
-            auto = (32, 32)
         else:
-            auto = (16, 32)
+            chunk = min(triton.next_power_of_2(max(num_splits, 1)), self.merge_split_chunk)
+            auto = (8, 32)
+            for cols in (128, 64):
+                if chunk * 8 * cols <= 128 * 32 and triton.cdiv(total_rows, 8) * (KV_LORA_RANK // cols) >= 512:
+                    auto = (8, cols)
+                    break
         return (self.merge_block_r or auto[0], self.merge_block_d or auto[1])
+
+    def merge_num_warps(self, total_rows: int) -> int:
+        """Warps per program of the second-kernel merge: ``merge_warps`` if set; else one above 64 rows with the
+        automatic tile (:meth:`merge_tile`), four with a configured tile or at most 64 rows."""
+        if self.merge_warps is not None:
+            return self.merge_warps
+        return 1 if total_rows > 64 and self.merge_block_r is None and self.merge_block_d is None else 4
 
     def launch_options(self) -> dict[str, Any]:
         """Triton launch keywords of the split kernel."""
@@ -1545,7 +1557,7 @@ def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cf
     _mla_decode_merge_kernel[(triton.cdiv(total_rows, br), KV_LORA_RANK // bd)](
         mid_o, mid_lse, out, lse, total_rows, num_splits, BLOCK_R=br, BLOCK_D=bd,
         SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), cfg.merge_split_chunk), D_LATENT=KV_LORA_RANK,
-        num_warps=4 if not device.interpreter_active() else 1, **opts)
+        num_warps=cfg.merge_num_warps(total_rows) if not device.interpreter_active() else 1, **opts)
 
 
 def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks) -> None:

@@ -691,11 +691,13 @@ def explore_best(explore: dict[str, Any], rounds: tuple[str, ...] = ("round3", "
     return out
 
 
-def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int, timer=None) -> float:
-    """Microseconds of the second-kernel merge alone on random partials (a diagnostic for the split choice)."""
+def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int, timer=None,
+                    part_dtype: torch.dtype = torch.float32, num_warps: int = 4) -> float:
+    """Microseconds of the second-kernel merge alone on random partials (a diagnostic for the split choice;
+    ``part_dtype``: the partial outputs' dtype, fp32 or, as with ``narrow_partials``, bf16)."""
     timer = timer or _graph_timer
     dev = common.require_gpu()
-    mid_o = torch.randn(num_splits, total_rows, mla.KV_LORA_RANK, device=dev)
+    mid_o = torch.randn(num_splits, total_rows, mla.KV_LORA_RANK, device=dev).to(part_dtype)
     mid_lse = torch.randn(num_splits, total_rows, device=dev)
     out = torch.empty(total_rows, mla.KV_LORA_RANK, device=dev, dtype=torch.bfloat16)
     lse = torch.empty(total_rows, device=dev)
@@ -703,7 +705,7 @@ def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int
     chunk = min(1 << (num_splits - 1).bit_length(), 16)
     return timer(lambda: mla._mla_decode_merge_kernel[grid](mid_o, mid_lse, out, lse, total_rows, num_splits,
                                                             BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=chunk,
-                                                            D_LATENT=mla.KV_LORA_RANK, num_warps=4))
+                                                            D_LATENT=mla.KV_LORA_RANK, num_warps=num_warps))
 
 
 def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context: int, cfg: mla.TritonConfig,
