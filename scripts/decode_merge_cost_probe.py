@@ -2,17 +2,15 @@
 multi-split bar points: how much of a call the merge is, and what halving its input saves.
 
 Random partials, re-read on every replay (so from L2 once warm: the lower bound of the merge inside a call,
-whose partials were just written), the library's merge tile for each shape, three interleaved rounds under
-CUDA-graph replay.
+whose partials were just written), round 25's merge tile for each shape on 4 warps (the library's when this ran),
+three interleaved rounds under CUDA-graph replay.
 
 Run on an H200: PYTHONPATH=src python3 scripts/decode_merge_cost_probe.py [OUT.json]
 """
-import json
 import sys
 
 import torch
 
-from workbench import mla
 from workbench.bench import common
 from workbench.bench import decode as d
 
@@ -21,24 +19,31 @@ SHAPES = (("qlen1 B16", 8, 256), ("qlen2 B16", 8, 512), ("qlen4 B16", 8, 1024), 
           ("H128 B16", 4, 2048), ("qlen1 B128", 2, 2048))
 
 
-def main():
-    common.require_gpu()
-    d.matmul_tflops()
-    cfg = mla.TritonConfig(16, 64, 8, 3)
-    rows = []
-    for rnd in range(3):
-        for label, splits, total in SHAPES:
-            br, bd = cfg.merge_tile(total, splits)
-            row = dict(round=rnd, shape=label, splits=splits, rows=total, tile=[br, bd])
-            for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-                row[name + "_us"] = d.time_merge_only(splits, total, br, bd, part_dtype=dt)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+class _Round25:
+    """Round 25's merge tiles (16x16 from 8 splits, 32x32 from 4 to 7, 16x32 below, above 256 rows; 8x16 at
+    most 64 rows), which this probe timed before round 30 replaced them."""
+
+    @staticmethod
+    def merge_tile(total: int, splits: int) -> tuple[int, int]:
+        if total <= 64:
+            return (8, 16)
+        if total <= 256 or splits >= 8:
+            return (16, 16)
+        return (32, 32) if splits >= 4 else (16, 32)
+
+
+ROUND25 = _Round25()
+
+
+def cells(label: str, splits: int, total: int) -> list[dict]:
+    br, bd = ROUND25.merge_tile(total, splits)
+    return [dict(tile=[br, bd], **{name + "_us": d.time_merge_only(splits, total, br, bd, part_dtype=dt)
+                                   for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))})]
+
+
+if __name__ == "__main__":
+    rows = d.merge_only_rounds(SHAPES, cells, rounds=3)
     out = (sys.argv[1:] or [None])[0]
     if out:
         common.write_json(out, dict(benchmark="mla_decode_merge_cost_probe", rows=rows, provenance=common.provenance(
             "PYTHONPATH=src python3 scripts/decode_merge_cost_probe.py OUT.json")))
-
-
-if __name__ == "__main__":
-    main()

@@ -14,7 +14,8 @@ import json
 import statistics
 import sys
 
-from workbench import mla
+from decode_merge_cost_probe import ROUND25
+
 from workbench.bench import common
 from workbench.bench import decode as d
 
@@ -26,22 +27,16 @@ TILES = [(r, c, w) for r in (8, 16, 32, 64) for c in (16, 32, 64, 128) for w in 
          if 2 <= r * c // (32 * w) <= 64]  # 2 to 64 values of a split per thread
 
 
+def cells(label: str, splits: int, total: int) -> list[dict]:
+    lib = ROUND25.merge_tile(total, splits)  # the library's tile when this ran (round 25's, on 4 warps)
+    return [dict(tile=[r, c], warps=w, us=d.time_merge_only(splits, total, r, c, num_warps=w),
+                 library=(r, c) == lib and w == 4)
+            for r, c, w in TILES
+            if splits * r * c * 4 <= 64 * 1024]  # the cross-warp reduction of (splits, r, c) fp32 in shared memory
+
+
 def main():
-    common.require_gpu()
-    d.matmul_tflops()
-    cfg = mla.TritonConfig(16, 64, 8, 3)
-    rows = []
-    for rnd in range(2):
-        for label, splits, total in SHAPES:
-            lib = cfg.merge_tile(total, splits)
-            for r, c, w in TILES:
-                if splits * r * c * 4 > 64 * 1024:  # the cross-warp reduction of (splits, r, c) fp32 in shared memory
-                    continue
-                us = d.time_merge_only(splits, total, r, c, num_warps=w)
-                row = dict(round=rnd, shape=label, splits=splits, rows=total, tile=[r, c], warps=w, us=us,
-                           library=(r, c) == lib and w == 4)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    rows = d.merge_only_rounds(SHAPES, cells, rounds=2)
     means: dict[tuple, list[float]] = {}
     for row in rows:
         means.setdefault((row["shape"], *row["tile"], row["warps"]), []).append(row["us"])

@@ -180,6 +180,16 @@ def check_against_golden(case, out, lse, dtype, scale, label=""):
     assert 1 - cos < 1e-6, label
 
 
+def assert_triton_exact(case, max_qo_len, num_splits, cfg):
+    """``mla_decode_triton`` on an fp32 case (scale 0.1) equals the golden to fp32 rounding; returns its output."""
+    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                     case["kv_indices"], max_qo_len, 0.1, num_splits=num_splits, config=cfg)
+    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
+    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    return out, lse
+
+
 # Interpreter grid (CPU): small, awkward. (qo_lens, kv_lens, heads)
 INTERP_SCENARIOS = {
     "single_token_single_key": ([1], [1], 1),
@@ -229,11 +239,7 @@ def test_split_counts_agree(num_splits, merge):
     cfg = dataclasses.replace(mla.triton_config(4, torch.float32), fused_merge=merge == "fused",
                               spin_merge=merge == "spin")
     for _ in range(2):  # twice: the second launch relies on the counters the first one reset
-        out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                         case["kv_indices"], 2, 0.1, num_splits=num_splits, config=cfg)
-        gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-        torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-        torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+        out, _ = assert_triton_exact(case, 2, num_splits, cfg)
     if merge != "kernel" and num_splits > 1:
         assert int(mla._COUNTERS[out.device].abs().sum()) == 0
 
@@ -245,11 +251,7 @@ def test_merge_kernel_chunks_and_column_blocks(num_splits):
     its columns cut into blocks (grid axis 1) gives the golden; 3 rows per request leave a partial row block."""
     case = make_case([1, 1], [3, 60], 3, dtype=torch.float32, seed=num_splits)
     cfg = dataclasses.replace(mla.triton_config(3, torch.float32), merge_split_chunk=2, merge_block_d=128)
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], 1, 0.1, num_splits=num_splits, config=cfg)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    assert_triton_exact(case, 1, num_splits, cfg)
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
@@ -286,11 +288,7 @@ def test_tma_store_partials_match_golden(heads, qo_lens, kv_lens):
     ending inside a tile, merged by the second kernel, give the golden."""
     case = make_case(qo_lens, kv_lens, heads, dtype=torch.float32, seed=5)
     cfg = mla.TritonConfig(16, 16, 1, 1, tma_store=True)
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], max(qo_lens), 0.1, num_splits=3, config=cfg)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    assert_triton_exact(case, max(qo_lens), 3, cfg)
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
@@ -337,11 +335,7 @@ def test_split_merge_falls_back_to_the_merge_kernel_under_the_interpreter():
     made there: ``split_merge`` takes the second-kernel merge and still gives the golden."""
     case = make_case([2, 2], [2, 50], 2, dtype=torch.float32, seed=3)
     cfg = dataclasses.replace(mla.triton_config(4, torch.float32), split_merge=True)
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], 2, 0.1, num_splits=3, config=cfg)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    assert_triton_exact(case, 2, 3, cfg)
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
@@ -421,11 +415,7 @@ def test_kernel_variants_match_golden_interpreter(variant, case_id):
     qo, kv, heads, splits = VARIANT_CASES[case_id]
     case = make_case(qo, kv, heads, dtype=torch.float32, seed=case_id)
     cfg = dataclasses.replace(mla.triton_config(max(qo) * heads, torch.float32), **VARIANTS[variant])
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], max(qo), 0.1, num_splits=splits, config=cfg)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    assert_triton_exact(case, max(qo), splits, cfg)
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpreter only")
@@ -436,11 +426,7 @@ def test_balanced_request_search_over_several_chunks(monkeypatch):
     kv = [1 + (7 * i) % 23 for i in range(40)]
     case = make_case([1] * 40, kv, 1, dtype=torch.float32, seed=40)
     cfg = dataclasses.replace(mla.triton_config(1, torch.float32), balanced=True)
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], 1, 0.1, num_splits=7, config=cfg)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    assert_triton_exact(case, 1, 7, cfg)
 
 
 def test_register_cap_must_leave_room_for_the_accumulator():
@@ -1347,8 +1333,4 @@ def test_automatic_small_merge_tiles_match_golden_interpreter():
     case = make_case([1, 1], [37, 70], 3, dtype=torch.float32, seed=3)
     cfg = dataclasses.replace(mla.triton_config(3, torch.float32), merge_block_r=None, merge_block_d=None)
     assert cfg.merge_tile(6) == (8, 16)
-    out, lse = mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                     case["kv_indices"], 1, 0.1, num_splits=5, config=cfg)
-    gold_out, gold_lse = mla.mla_decode_ref(**case, sm_scale=0.1)
-    torch.testing.assert_close(out, gold_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, gold_lse, atol=2e-5, rtol=1e-5)
+    assert_triton_exact(case, 1, 5, cfg)

@@ -708,6 +708,22 @@ def time_merge_only(num_splits: int, total_rows: int, block_r: int, block_d: int
                                                             D_LATENT=mla.KV_LORA_RANK, num_warps=num_warps))
 
 
+def merge_only_rounds(shapes: tuple[tuple[str, int, int], ...],
+                      cells: Callable[[str, int, int], list[dict[str, Any]]], rounds: int, log=print) -> list[dict]:
+    """The rows of a merge-only probe: for ``rounds`` interleaved rounds and each ``(label, splits, folded rows)``
+    of ``shapes``, the dicts ``cells(label, splits, rows)`` returns (timings from :func:`time_merge_only`), each
+    marked with its round, shape, splits and rows and logged as JSON."""
+    common.require_gpu()
+    matmul_tflops()  # clocks out of idle
+    rows = []
+    for rnd in range(rounds):
+        for label, splits, total in shapes:
+            for cell in cells(label, splits, total):
+                rows.append(dict(round=rnd, shape=label, splits=splits, rows=total, **cell))
+                log(json.dumps(rows[-1]))
+    return rows
+
+
 def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context: int, cfg: mla.TritonConfig,
                     num_splits: int, timer=None) -> float:
     """Microseconds of the split kernel alone (partials written, no merge): with :func:`time_merge_only`
