@@ -979,16 +979,22 @@ class TritonConfig:
     split_merge: bool = False  # Triton split kernel only: no second kernel; every split program of a row block, once
     #                            the block's partials are all stored (a counter it polls), merges a slice of the
     #                            block's columns. Needs the whole grid resident at once (checked with CUDA's
-    #                            occupancy query at launch; where it is not, or under the interpreter, the
-    #                            second-kernel merge runs)
+    #                            occupancy query at launch; where it is not, or under the interpreter or on ROCm,
+    #                            the second-kernel merge runs). Slower at every point of round 28 (B=16 L=4k
+    #                            +3.3-3.9 us; B=1 L=32k, 87 splits, 3.1x): each program waits for the slowest of
+    #                            its row block, then reads all the block's partials for its slice
     narrow_partials: bool = False  # the partial outputs in q's dtype (16-bit) instead of fp32, as FlashInfer's
     #                                split-KV decode keeps them (its tmp_v is in the output dtype); LSE stays fp32.
     #                                Half the partial bytes written and merged; each partial is rounded once more
     #                                (the merge is a convex combination: at most one more rounding of the largest
-    #                                partial). Not with balanced or tma_store
+    #                                partial). Not with balanced or tma_store. Mixed in round 29: 0.7-0.9 us faster
+    #                                at B=16 L=4k qlen 1 (Triton, before round 30's merge; no consistent gain after),
+    #                                2.3-2.9 us slower at qlen 4 (gluon), 12 % slower with the large-batch tile
     tma_store: bool = False  # partials leave by TMA: a program whose rows fill its whole row block stages its fp32
-    #                          partial in shared memory and writes it with one bulk copy (NVIDIA sm90+, compiled;
-    #                          the gluon kernel, and the Triton split kernel; partial row blocks store by mask)
+    #                          partial in shared memory and writes it with bulk (TMA) copies (NVIDIA sm90+,
+    #                          compiled; the gluon kernel, and the Triton split kernel; partial row blocks store by
+    #                          mask). Slower at every point of round 27 (B=16 L=4k +0.3-0.8 us; B=128 L=8k +5 %:
+    #                          the Triton kernel's staging buffer leaves room for one program per SM, not two)
 
     def __post_init__(self) -> None:
         if self.gluon and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
