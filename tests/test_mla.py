@@ -1282,6 +1282,14 @@ def test_decode_trace_figure_from_committed_trace():
         vmla.trace_segments(next(r for r in rows if not r.get("timeline")))
 
 
+def test_quick_grid_has_every_point_the_bars_need():
+    from workbench.bench import decode as bench_decode
+
+    need = {(b.heads, q, b.batch, b.context) for b in bench_decode.BARS for q in {1, b.qlen}}
+    assert set(bench_decode.QUICK_GRID) == need and len(bench_decode.QUICK_GRID) == len(need)
+    assert set(bench_decode.QUICK_GRID) <= set(bench_decode.MAIN_GRID + bench_decode.QLEN_GRID)
+
+
 def test_merge_tile_follows_the_row_count_and_split_count_unless_set():
     cfg = mla.TritonConfig(16, 64, 8, 3)
     # at most 64 rows: round 19's 8x16 tile on 4 warps
