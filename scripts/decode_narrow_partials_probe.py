@@ -32,4 +32,4 @@ def variants(base: mla.TritonConfig) -> list[tuple[str, mla.TritonConfig]]:
 if __name__ == "__main__":
     d.variant_probe(POINTS, variants, "mla_decode_narrow_partials_probe",
                     "PYTHONPATH=src python3 scripts/decode_narrow_partials_probe.py OUT.json",
-                    (sys.argv[1:] or [None])[0], same=("default", "narrow"))
+                    (sys.argv[1:] or [None])[0], same=("default", "narrow"), triton_up_to_32_rows=True)

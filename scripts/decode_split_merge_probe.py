@@ -27,4 +27,5 @@ def variants(base: mla.TritonConfig) -> list[tuple[str, mla.TritonConfig]]:
 
 if __name__ == "__main__":
     d.variant_probe(POINTS, variants, "mla_decode_split_merge_probe",
-                    "PYTHONPATH=src python3 scripts/decode_split_merge_probe.py OUT.json", (sys.argv[1:] or [None])[0])
+                    "PYTHONPATH=src python3 scripts/decode_split_merge_probe.py OUT.json", (sys.argv[1:] or [None])[0],
+                    triton_up_to_32_rows=True)

@@ -22,7 +22,7 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split")
+                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split", "gluon_32x4")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -61,6 +61,8 @@ out["no_pdl_split"] = codegen.split_kernel_report(small, pdl_split=False)
 out["spin_split"] = codegen.split_kernel_report(dataclasses.replace(small, spin_merge=True))
 out["spin_merge"] = [codegen.merge_kernel_report(pdl=a == "sm_90", spin=True, arch=a) for a in ("sm_90", "gfx942")]
 out["gluon_tma"] = codegen.gluon_kernel_report(heads=16, pdl=True, tma_store=True)
+out["gluon_32x4"] = [codegen.gluon_kernel_report(heads=16, pdl=True, block_n=32, num_buffers=4, tma_store=t)
+                     for t in (False, True)]
 out["tma_split"] = codegen.split_kernel_report(dataclasses.replace(small, tma_store=True))
 print(json.dumps(out))
 """
@@ -297,3 +299,14 @@ def test_tma_store_variants_write_partials_by_tma(reports):
     t = reports["tma_split"]
     assert t["tma_stores"] >= 1 and t["spill_bytes"] == 0 and t["global_reads_before_wait"] == 0, t
     assert reports["16x64 w8 s3 ia pdl pdls"]["tma_stores"] == 0
+
+
+def test_gluon_kernel_with_32_token_tiles_in_four_buffers(reports):
+    """``TritonConfig(64, 32, 8, 4, gluon=True)``: the same shared memory as the 64-token kernel (four 36.9 KB
+    tiles in place of two of 73.7 KB), no spills, the loop's wait leaving three copy groups in flight, nothing
+    read before the PDL wait; its TMA-store variant reuses the four buffers for the partial."""
+    plain, tma = reports["gluon_32x4"]
+    for r in (plain, tma):
+        assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and r["spill_bytes"] == 0, r
+        assert 3 in r["cp_async_wait"] and r["pdl"]["global_reads_before_wait"] == 0, r
+    assert plain["tma_stores"] == 0 and tma["tma_stores"] == 2, tma

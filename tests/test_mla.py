@@ -559,6 +559,7 @@ NEEDS_HOPPER = pytest.mark.skipif(
     reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
 GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
 GLUON_PDLS = dataclasses.replace(GLUON, pdl=True, pdl_split=True)  # split kernel and merge PDL-launched
+GLUON_32X4 = dataclasses.replace(GLUON_PDLS, block_n=32, num_stages=4)  # 32-token tiles, three in flight
 # (heads, query lengths) of the gluon kernels' golden tests: 128 heads, ragged and causal qlen up to 16
 GLUON_CASES = [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1]), (16, [16, 7, 1])]
 
@@ -568,15 +569,15 @@ GLUON_CASES = [(128, [1, 1, 1]), (16, [4, 4, 4]), (16, [3, 1, 4]), (16, [1, 2, 1
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", GLUON_CASES)
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
-@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("pdl", [False, True, "32x4"])
 def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype, pdl):
     """The gluon split kernel: 64-row programs (two of them for 128 heads, a partly empty one for 48 rows),
     ragged and causal query lengths, splits that are empty or end inside a tile, lengths 1..4099, against the
-    golden; NaN in every unused cache row."""
+    golden; NaN in every unused cache row. ``32x4``: 32-token tiles in four buffers (three tiles in flight)."""
     kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
     case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits)
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
-    cfg = GLUON_PDLS if pdl else GLUON
+    cfg = {False: GLUON, True: GLUON_PDLS, "32x4": GLUON_32X4}[pdl]
     out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits)
     check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
     assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
@@ -712,10 +713,11 @@ def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
-@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 6)])
+@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 6), (16, 2)])
 def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen):
     """By default a batch whose programs take >= GLUON_WS_MIN_TOKENS tokens runs the warp-specialised kernel
-    (40 ragged requests of about 3000 tokens: one split each on an H200), and matches the golden."""
+    (40 ragged requests of about 3000 tokens: one split each on an H200), and matches the golden; so does any
+    call of 17-32 rows (16 heads x qlen 2, round 31)."""
     kv_lens = [2500 + 37 * i for i in range(40)]
     case = make_case([qlen] * 40, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + qlen)
     sms = mla._sm_count(torch.device("cuda"))
@@ -797,6 +799,12 @@ def test_cluster_launch_checks_and_falls_back_without_a_gpu():
 def test_gluon_config_is_checked():
     with pytest.raises(ValueError, match="gluon needs block_m=64"):
         mla.TritonConfig(16, 64, 8, 2, gluon=True)
+    for bn, stages in ((64, 3), (32, 2), (32, 3), (16, 4)):  # 64x3 does not fit; 32x4 fills what 64x2 fills
+        with pytest.raises(ValueError, match="gluon needs block_m=64"):
+            mla.TritonConfig(64, bn, 8, stages, gluon=True)
+    assert mla.TritonConfig(64, 32, 8, 4, gluon=True).label.startswith("gluon 64x32 w8 s4")
+    with pytest.raises(ValueError, match="gluon_ws replaces the gluon split kernel"):
+        mla.TritonConfig(64, 32, 8, 4, gluon=True, gluon_ws=True)
     with pytest.raises(ValueError, match="gluon replaces the Triton split kernel"):
         mla.TritonConfig(64, 64, 8, 2, gluon=True, idx_ahead=True)
     with pytest.raises(ValueError, match="cluster_merge is a mode of the gluon split kernel"):
@@ -887,7 +895,8 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert (large.block_n, large.num_warps, large.programs_per_sm) == (32, 4, 2)
     assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
     assert all(c.idx_ahead and c.pdl and c.pdl_split and not c.meta_before_wait for c in (small, large))
-    assert mla.triton_config(32, torch.bfloat16).block_m == 32 and mla.triton_config(33, torch.bfloat16).block_m == 64
+    assert mla.triton_config(32, torch.bfloat16, gluon=False).block_m == 32
+    assert mla.triton_config(33, torch.bfloat16, gluon=False).block_m == 64
     # more than 32 rows, 16-bit, on Hopper: the gluon kernel (asked for here; by default only where one is present)
     assert mla.triton_config(33, torch.bfloat16, gluon=True) == mla.GLUON_CONFIG
     assert mla.triton_config(33, torch.bfloat16, gluon=False).gluon is False
@@ -908,7 +917,11 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
         # the two kernels share the split count, so the rule's tokens per program are the ws kernel's
         assert splits == mla.default_splits(mla.GLUON_WS_CONFIG, b, rb, b * l, 132)
         assert mla.prefer_gluon_ws(b * l, b, rb, 132) == (l / splits >= mla.GLUON_WS_MIN_TOKENS)
-    assert not mla.triton_config(32, torch.bfloat16, gluon=True).gluon  # 32 rows: the Triton tile
+    # 17-32 rows (qlen 2 at 16 heads), 16-bit, on Hopper: the warp-specialised gluon kernel at any size (round 31)
+    for rows, tokens, reqs in ((32, 16 * 4096, 16), (17, 64 * 32768, 64), (32, 4096, 1), (32, None, None)):
+        assert mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=reqs, **ws) == mla.GLUON_WS_CONFIG
+    assert not mla.triton_config(16, torch.bfloat16, 4096, num_reqs=1, **ws).gluon  # 16 rows: the Triton tile
+    assert not mla.triton_config(32, torch.float16, gluon=False).gluon
     assert not mla.triton_config(64, torch.float32, gluon=True).gluon  # fp32: the Triton tile
     assert not mla.triton_config(64, torch.bfloat16, backend="hip", gluon=True).gluon  # ROCm tiles
     assert mla.triton_config(64, torch.bfloat16).gluon == mla.gluon_available()

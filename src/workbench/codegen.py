@@ -285,7 +285,8 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
 
 
 def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", cluster: int = 0,
-                        pdl: bool = False, tma_store: bool = False) -> dict[str, Any]:
+                        pdl: bool = False, tma_store: bool = False, block_n: int = 64,
+                        num_buffers: int = 2) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
     report ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes; the limit is :data:`GLUON_SMEM_LIMIT`),
     ``wgmma`` (``wgmma.mma_async`` instructions: 36 for q k^T over 576 values in k-steps of 16, 4 for P V) and
@@ -294,7 +295,9 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     ``cluster_barriers`` counts its ``barrier.cluster.arrive`` instructions (one, after the partial stores).
     ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX.
     ``tma_store``: the variant whose whole row blocks write their partial by TMA; ``tma_stores`` counts its
-    ``cp.async.bulk.tensor`` stores (one per 64 x 32 fp32 box: 16) and ``bulk_waits`` its waits for them."""
+    ``cp.async.bulk.tensor`` stores (one per 64 x 32 fp32 box: 16) and ``bulk_waits`` its waits for them.
+    ``block_n`` and ``num_buffers``: the tile (64 or 32 tokens) and its buffers (2 or 4; ``cp_async_wait`` then
+    shows ``num_buffers - 1`` tiles left in flight)."""
     if cluster and direct:
         raise ValueError("cluster merges partials: it needs direct=False")
     if tma_store and (direct or cluster):
@@ -302,7 +305,7 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     import triton
     from workbench import mla_gluon
 
-    consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl)
+    consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl, BN=block_n, NBUF=num_buffers)
     extra: dict[str, str] = {}
     if cluster:
         consts.update(CLUSTER=cluster, MERGE_L=mla_gluon.cluster_merge_layout(cluster))

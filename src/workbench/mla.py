@@ -997,9 +997,11 @@ class TritonConfig:
     #                          the Triton kernel's staging buffer leaves room for one program per SM, not two)
 
     def __post_init__(self) -> None:
-        if self.gluon and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
-            raise ValueError(f"gluon needs block_m=64, block_n=64, num_warps=8 (the one tile workbench.mla_gluon "
-                             f"has), got {self.block_m}x{self.block_n} w{self.num_warps}")
+        if self.gluon and ((self.block_m, self.num_warps) != (64, 8)
+                           or (self.block_n, self.num_stages) not in ((64, 2), (32, 4))):
+            raise ValueError(f"gluon needs block_m=64, num_warps=8 and 64-token tiles in 2 buffers or 32-token tiles "
+                             f"in 4 (num_stages; the tiles workbench.mla_gluon has), got {self.block_m}x"
+                             f"{self.block_n} w{self.num_warps} s{self.num_stages}")
         if self.gluon and (self.balanced or self.fused_merge or self.meta_before_wait or self.idx_ahead
                            or self.warp_specialize or self.swap_ab or self.prefetch):
             raise ValueError("gluon replaces the Triton split kernel: balanced, fused_merge, meta_before_wait, "
@@ -1021,8 +1023,9 @@ class TritonConfig:
         if self.tma_store and (self.gluon_ws or self.balanced or self.fused_merge or self.spin_merge):
             raise ValueError("tma_store is a mode of the gluon split kernel and of the Triton split kernel with the "
                              "second-kernel merge: it does not go with gluon_ws, balanced, fused_merge or spin_merge")
-        if self.gluon_ws and (not self.gluon or self.cluster_merge):
-            raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True and no cluster_merge")
+        if self.gluon_ws and (not self.gluon or self.cluster_merge or self.block_n != 64):
+            raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True, no cluster_merge and the "
+                             "64-token config (it has its own 32-token tiles and four buffers)")
         if self.warp_specialize and (self.block_m < 64 or self.num_warps != 8):
             raise ValueError(f"warp_specialize needs block_m >= 64 and num_warps == 8, got block_m {self.block_m} "
                              f"and num_warps {self.num_warps}: Triton 3.6's warp-specialisation pass compiled only "
@@ -1249,8 +1252,14 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 32-token tiles, 4 warps, 3 stages, two
       programs per SM; for small batches (at most ``SMALL_BATCH_TOKENS`` tokens) 16x64 tiles on 8 warps,
       3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10);
-    * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
-    * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``, None: when one is present), 16-bit:
+    * 17 to 32 rows (16 heads x qlen 2, a one-token Eagle draft's verification) on an NVIDIA GPU of compute
+      capability 9.0+ (``gluon``, None: when one is present), 16-bit: :data:`GLUON_WS_CONFIG`, whose 64-row
+      programs are half empty here and still 10-25 % faster than the Triton 32-row tile at every point of round
+      31 (``scripts/decode_gluon_qlen2_probe.py``: B=16 L=4k 34.4-35.9 against 41.4-42.8 us, B=64 L=32k 672-681
+      against 876-885, B=1 L=4k 13.9-15.0 against 15.8-17.3), also where its programs take fewer than
+      :data:`GLUON_WS_MIN_TOKENS` tokens;
+    * up to 32 rows otherwise: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
+    * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``), 16-bit:
       :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
       198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
       (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
@@ -1291,6 +1300,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
         return TritonConfig(block_m=16 if rows_per_req <= 16 else 32, block_n=32, num_warps=4, num_stages=3,
                             programs_per_sm=1, idx_ahead=True, pdl=True, pdl_split=True)
     small = total_tokens is not None and total_tokens <= SMALL_BATCH_TOKENS
+    if gluon and 16 < rows_per_req <= 32:  # round 31: 10-25 % faster than the 32-row tile at every point
+        return GLUON_WS_CONFIG
     if rows_per_req <= 32:
         block_m = 16 if rows_per_req <= 16 else 32
         if small:
@@ -1603,13 +1614,15 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
             # all the clusters fit on the GPU at once (else None: the second-kernel merge below)
             compiled = mla_gluon.launch_clustered(
                 mla_gluon.mla_decode_gluon_split_kernel, (row_blocks, 1, num_reqs), num_splits, args,
-                dict(DIRECT=False, CLUSTER=num_splits, MERGE_L=mla_gluon.cluster_merge_layout(num_splits), **common))
+                dict(DIRECT=False, CLUSTER=num_splits, MERGE_L=mla_gluon.cluster_merge_layout(num_splits),
+                     BN=cfg.block_n, NBUF=cfg.num_stages, **common))
             if compiled is not None:
                 _note_compiled(cfg, compiled)
                 return
         if cfg.tma_store and not direct:
             common.update(PART_DESC=mla_gluon.partial_descriptor(o_dst), TMA_STORE=True)
-        compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, **common)
+        compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, BN=cfg.block_n,
+                                                                  NBUF=cfg.num_stages, **common)
     _note_compiled(cfg, compiled)
     if not direct:
         merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}

@@ -188,19 +188,21 @@ def mla_decode_gluon_split_kernel(
     MERGE_L: gl.constexpr = None,  # CLUSTER: cluster_merge_layout(CLUSTER)
     PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before (griddepcontrol.wait) before the
     #                             first read, then let the next kernel (the merge) launch early
+    BN: gl.constexpr = 64,  # cache rows (tokens) per tile: 64, or 32 (with NBUF up to 4)
+    NBUF: gl.constexpr = 2,  # tile buffers: the copies of NBUF - 1 tiles are in flight during a tile's math
     PART_DESC=None,  # TMA_STORE: partial_descriptor(OUT)
     TMA_STORE: gl.constexpr = False,  # partials (not DIRECT, not CLUSTER): a program whose 64 rows are all real
     #                                   stages its partial in the (then idle) tile buffers and writes it with
     #                                   one TMA store instead of 128 KB of register stores
 ):
     BM: gl.constexpr = 64
-    BN: gl.constexpr = 64
     NUM_WARPS_C: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
     # register layouts: the gather (16-byte vectors, 8 warps cover 32 rows x 64 columns per step) and the two
-    # wgmma accumulators, split between the warpgroups along N (S: 32 tokens each; O: 256 columns each)
+    # wgmma accumulators, split between the warpgroups along N (S: BN / 2 tokens each; O: 256 columns each)
     GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BN // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_LATENT], dtype)
@@ -218,8 +220,8 @@ def mla_decode_gluon_split_kernel(
     if pid_m * BM < n_rows:
         q_lat_s = gl.allocate_shared_memory(dtype, [BM, D_LATENT], LAT_SL)
         q_rope_s = gl.allocate_shared_memory(dtype, [BM, D_ROPE], ROPE_SL)
-        k_lat_s = gl.allocate_shared_memory(dtype, [2, BN, D_LATENT], LAT_SL)
-        k_rope_s = gl.allocate_shared_memory(dtype, [2, BN, D_ROPE], ROPE_SL)
+        k_lat_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT], LAT_SL)
+        k_rope_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_ROPE], ROPE_SL)
 
         # the query tile: rows q_start * H + pid_m * 64 + r of the folded q
         g_rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, GATHER))
@@ -230,16 +232,16 @@ def mla_decode_gluon_split_kernel(
         cp.async_copy_global_to_shared(q_lat_s, q_base + d_lat_g[None, :], mask=g_row_ok[:, None])
         cp.async_copy_global_to_shared(q_rope_s, q_base + D_LATENT + d_rope_g[None, :], mask=g_row_ok[:, None])
 
-        # tile 0, and the indices of tile 1
+        # tiles 0 .. NBUF-2 (one copy group each, the query in the first), and the indices of tile NBUF-1
         t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, GATHER))
-        cols0 = k_lo + t_off
-        ok0 = cols0 < k_hi
-        idx0 = gl.load(KV_INDICES + kv_start + cols0, mask=ok0, other=0)
-        _gather_tile(k_lat_s.index(0), k_rope_s.index(0), KV, idx0, ok0, stride_kv, D_LATENT, D_ROPE, GATHER)
-        cp.commit_group()
-        cols1 = k_lo + BN + t_off
-        ok1 = cols1 < k_hi
-        idx1 = gl.load(KV_INDICES + kv_start + cols1, mask=ok1, other=0)
+        for j in gl.static_range(NBUF - 1):
+            cols_j = k_lo + j * BN + t_off
+            ok_j = cols_j < k_hi
+            idx_j = gl.load(KV_INDICES + kv_start + cols_j, mask=ok_j, other=0)
+            _gather_tile(k_lat_s.index(j), k_rope_s.index(j), KV, idx_j, ok_j, stride_kv, D_LATENT, D_ROPE, GATHER)
+            cp.commit_group()
+        cols1 = k_lo + (NBUF - 1) * BN + t_off
+        idx1 = gl.load(KV_INDICES + kv_start + cols1, mask=cols1 < k_hi, other=0)
 
         # softmax state in the S layout's rows; the output accumulator in O's layout
         s_rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, S_L))
@@ -251,18 +253,19 @@ def mla_decode_gluon_split_kernel(
         s_zero = gl.zeros([BM, BN], gl.float32, layout=S_L)
 
         for i in range(n_tiles):
-            buf = i % 2
+            buf = i % NBUF
             # every warp is done with tile i-1 (its wgmma work was waited for at the end of the last iteration):
-            # its buffer, (i+1) % 2, can take tile i+1
+            # its buffer, (i + NBUF - 1) % NBUF, can take tile i + NBUF - 1
             _cta_barrier()
-            cols_n = k_lo + (i + 1) * BN + t_off
+            nxt = (i + NBUF - 1) % NBUF
+            cols_n = k_lo + (i + NBUF - 1) * BN + t_off
             ok_n = cols_n < k_hi
-            _gather_tile(k_lat_s.index(1 - buf), k_rope_s.index(1 - buf), KV, idx1, ok_n, stride_kv, D_LATENT,
-                         D_ROPE, GATHER)
+            _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx1, ok_n, stride_kv, D_LATENT, D_ROPE,
+                         GATHER)
             cp.commit_group()
-            cols_nn = k_lo + (i + 2) * BN + t_off
+            cols_nn = cols_n + BN
             idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
-            cp.wait_group(1)  # this thread's copies of tile i (and of q) have landed; tile i+1 stays in flight
+            cp.wait_group(NBUF - 1)  # this thread's copies of tile i (and of q) have landed; NBUF - 1 stay in flight
             _cta_barrier()  # ... and every other thread's
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
 

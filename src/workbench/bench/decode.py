@@ -397,7 +397,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
         big = []
-        for cfg in (_before_pdls(mla.triton_config(32, bf, 65536)), _before_pdls(mla.triton_config(64, bf, gluon=False))):
+        for cfg in (_before_pdls(mla.triton_config(32, bf, 65536, gluon=False)),
+                    _before_pdls(mla.triton_config(64, bf, gluon=False))):
             p = dataclasses.replace(cfg, pdl_split=True)
             big += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
         big_points = [((16, 2, 16, 4096), [None]), ((128, 1, 64, 4096), [None]), ((16, 4, 16, 4096), [None])]
@@ -418,7 +419,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                                                               dataclasses.replace(large, idx_prefetch=2))]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None])]
-        big32 = _before_pdls(mla.triton_config(32, bf, 65536))
+        big32 = _before_pdls(mla.triton_config(32, bf, 65536, gluon=False))
         big = [("32 small", big32), ("32 small ip1", dataclasses.replace(big32, idx_prefetch=1)),
                ("32 small ip2", dataclasses.replace(big32, idx_prefetch=2))]
         big_points = [((16, 2, 16, 4096), [None]), ((16, 2, 64, 4096), [None])]
@@ -478,7 +479,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         mem = [("16 small", small), ("16 large", large)]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
-        big = [("32 small", mla.triton_config(32, bf, 65536)), ("32 large", mla.triton_config(32, bf))]
+        big = [("32 small", mla.triton_config(32, bf, 65536, gluon=False)),
+               ("32 large", mla.triton_config(32, bf, gluon=False))]
         big_points = [((16, 2, 16, 4096), [None]), ((16, 2, 64, 4096), [None])]
         old = mem[0]
     elif round_ == 12:
@@ -503,7 +505,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                       ((16, 1, 64, 4096), [None]), ((16, 1, 128, 1024), [None]), ((16, 1, 128, 2048), [None]),
                       ((16, 1, 1, 32768), [None]), ((16, 1, 32, 8192), [None])]
         big64 = mla.triton_config(64, bf, gluon=False)
-        small32, large32 = mla.triton_config(32, bf, 65536), mla.triton_config(32, bf)
+        small32, large32 = mla.triton_config(32, bf, 65536, gluon=False), mla.triton_config(32, bf, gluon=False)
         big = [("64 rows", big64), ("64 rows no pdl", dataclasses.replace(big64, **nopdl)),
                ("32 small", small32), ("32 large", large32)]
         big_points = [((128, 1, 64, 4096), [None]), ((16, 4, 64, 4096), [None]), ((16, 8, 64, 4096), [None]),
@@ -745,12 +747,15 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
 def variant_probe(points: tuple[tuple[int, int, int, int], ...],
                   variants: Callable[[mla.TritonConfig], list[tuple[str, mla.TritonConfig]]], benchmark: str,
                   command: str, out: str | None = None, rounds: int = 3, same: tuple[str, str] | None = None,
-                  log=print) -> list[dict]:
+                  own_splits: bool = False, triton_up_to_32_rows: bool = False, log=print) -> list[dict]:
     """Time the library's config at each ``(heads, qlen, batch, context)`` point against ``variants(config)``
     (``(name, config)`` pairs, the first the baseline) under CUDA-graph replay, bf16, the cost model's split
     count, ``rounds`` interleaved rounds. Each row holds ``<name>_us`` per variant and ``identical`` (the
     outputs of the two variants named in ``same``, else of the first two, equal bit for bit) or ``max_diff``
-    (their largest difference) where they differ. Writes JSON with provenance to ``out`` if given."""
+    (their largest difference) where they differ. ``own_splits``: each variant runs with the cost model's split
+    count for its own config (``splits_<name>``), not the baseline's. ``triton_up_to_32_rows``: the baseline of
+    points of at most 32 rows is the Triton tile, as the library chose before round 31 (the probes written
+    before it). Writes JSON with provenance to ``out``."""
     dev = common.require_gpu()
     matmul_tflops()  # clocks out of idle
     copy = common.copy_bandwidth()
@@ -760,15 +765,19 @@ def variant_probe(points: tuple[tuple[int, int, int, int], ...],
     for rnd in range(rounds):
         for h, q, b, l in points:
             x = make_inputs(pool, h, q, b, l, seed=h * 1000 + q * 100 + b)
-            base = mla.triton_config(q * h, torch.bfloat16, b * l, num_reqs=b, sm_count=sm)
+            gluon = False if triton_up_to_32_rows and q * h <= 32 else None
+            base = mla.triton_config(q * h, torch.bfloat16, b * l, num_reqs=b, sm_count=sm, gluon=gluon)
             splits = mla.default_splits(base, b, -(-q * h // base.block_m), b * l, sm)
             row: dict[str, Any] = dict(round=rnd, heads=h, qlen=q, batch=b, context=l, splits=splits,
                                        config=base.label)
             outs = {}
             for name, cfg in variants(base):
                 o = torch.empty(b * q, h, mla.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
+                n_s = splits
+                if own_splits:
+                    n_s = row["splits_" + name] = mla.default_splits(cfg, b, -(-q * h // cfg.block_m), b * l, sm)
                 call = lambda: mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"],  # noqa: E731
-                                                     x["kv_indices"], q, None, num_splits=splits, config=cfg, out=o)
+                                                     x["kv_indices"], q, None, num_splits=n_s, config=cfg, out=o)
                 row[name + "_us"] = _graph_timer(call)
                 call()
                 torch.cuda.synchronize()
