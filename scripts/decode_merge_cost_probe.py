@@ -19,24 +19,18 @@ SHAPES = (("qlen1 B16", 8, 256), ("qlen2 B16", 8, 512), ("qlen4 B16", 8, 1024), 
           ("H128 B16", 4, 2048), ("qlen1 B128", 2, 2048))
 
 
-class _Round25:
-    """Round 25's merge tiles (16x16 from 8 splits, 32x32 from 4 to 7, 16x32 below, above 256 rows; 8x16 at
-    most 64 rows), which this probe timed before round 30 replaced them."""
-
-    @staticmethod
-    def merge_tile(total: int, splits: int) -> tuple[int, int]:
-        if total <= 64:
-            return (8, 16)
-        if total <= 256 or splits >= 8:
-            return (16, 16)
-        return (32, 32) if splits >= 4 else (16, 32)
-
-
-ROUND25 = _Round25()
+def round25_tile(total: int, splits: int) -> tuple[int, int]:
+    """Round 25's merge tile (16x16 from 8 splits, 32x32 from 4 to 7, 16x32 below, above 256 rows; 8x16 at most
+    64 rows), which this probe timed before round 30 replaced it."""
+    if total <= 64:
+        return (8, 16)
+    if total <= 256 or splits >= 8:
+        return (16, 16)
+    return (32, 32) if splits >= 4 else (16, 32)
 
 
 def cells(label: str, splits: int, total: int) -> list[dict]:
-    br, bd = ROUND25.merge_tile(total, splits)
+    br, bd = round25_tile(total, splits)
     return [dict(tile=[br, bd], **{name + "_us": d.time_merge_only(splits, total, br, bd, part_dtype=dt)
                                    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))})]
 

@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 
-from decode_merge_cost_probe import ROUND25
+from decode_merge_cost_probe import round25_tile
 
 from workbench.bench import common
 from workbench.bench import decode as d
@@ -28,7 +28,7 @@ TILES = [(r, c, w) for r in (8, 16, 32, 64) for c in (16, 32, 64, 128) for w in 
 
 
 def cells(label: str, splits: int, total: int) -> list[dict]:
-    lib = ROUND25.merge_tile(total, splits)  # the library's tile when this ran (round 25's, on 4 warps)
+    lib = round25_tile(total, splits)  # the library's tile when this ran (round 25's, on 4 warps)
     return [dict(tile=[r, c], warps=w, us=d.time_merge_only(splits, total, r, c, num_warps=w),
                  library=(r, c) == lib and w == 4)
             for r, c, w in TILES

@@ -557,6 +557,16 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
 NEEDS_HOPPER = pytest.mark.skipif(
     not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
     reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+def ragged_gpu_case(qo_lens, heads, dtype, seed):
+    """The GPU tests' ragged batch: three requests of query lengths ``qo_lens`` and 4099, 1 and 100 keys (at least
+    their query length), NaN in unused cache rows; returns the case and ``mla_decode_triton``'s positional
+    arguments (scale 0.07)."""
+    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
+    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=seed)
+    return case, (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
+                  max(qo_lens), 0.07)
+
+
 GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)
 GLUON_PDLS = dataclasses.replace(GLUON, pdl=True, pdl_split=True)  # split kernel and merge PDL-launched
 GLUON_32X4 = dataclasses.replace(GLUON_PDLS, block_n=32, num_stages=4)  # 32-token tiles, three in flight
@@ -574,9 +584,7 @@ def test_gluon_split_kernel_matches_golden(heads, qo_lens, num_splits, dtype, pd
     """The gluon split kernel: 64-row programs (two of them for 128 heads, a partly empty one for 48 rows),
     ragged and causal query lengths, splits that are empty or end inside a tile, lengths 1..4099, against the
     golden; NaN in every unused cache row. ``32x4``: 32-token tiles in four buffers (three tiles in flight)."""
-    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
-    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits)
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + num_splits)
     cfg = {False: GLUON, True: GLUON_PDLS, "32x4": GLUON_32X4}[pdl]
     out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits)
     check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
@@ -598,9 +606,7 @@ def test_split_merge_matches_golden_and_falls_back_when_the_grid_does_not_fit(bl
     merge. Ragged and causal query lengths, splits that are empty or end inside a tile; NaN in unused cache rows
     and in the output buffer; the counters left zeroed; graph replays bit-exact; within rounding of the
     second-kernel merge."""
-    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
-    case = make_case(qo_lens, kv_lens, 16, dtype=torch.bfloat16, device="cuda", seed=block_m + num_splits + 400)
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    case, args = ragged_gpu_case(qo_lens, 16, torch.bfloat16, seed=block_m + num_splits + 400)
     base = mla.TritonConfig(block_m, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True)
     cfg = dataclasses.replace(base, split_merge=True)
     out = torch.full_like(case["q"][..., :512], float("nan"))
@@ -647,9 +653,7 @@ def test_narrow_partials_match_golden_gpu(kernel, heads, qo_lens, dtype):
     derived tolerance of the golden; against the fp32-partial result within the rounding bound (each partial
     rounded once more, and the merge a convex combination of partials no larger than the largest value of V:
     eps * max|V| + eps * |out|); NaN in the output buffer and in unused cache rows; graph replays bit-exact."""
-    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
-    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + len(kernel) + 500)
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + len(kernel) + 500)
     base = {"gluon": GLUON_PDLS, "gluon_ws": GLUON_WS, "gluon_cluster": GLUON_CLUSTER,
             "triton16": mla.TritonConfig(16, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True),
             "triton32": mla.TritonConfig(32, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True),
@@ -677,9 +681,7 @@ def test_tma_store_matches_default_bit_for_bit(kernel, heads, qo_lens, num_split
     leave by TMA, partial ones (48 rows; a 16-row request in a 32-row tile) by mask. The partials hold the same
     values either way, so the merged output must equal the default's bit for bit; NaN in the output buffer and
     in unused cache rows; graph replays bit-exact."""
-    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
-    case = make_case(qo_lens, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + num_splits + 300)
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    case, args = ragged_gpu_case(qo_lens, heads, torch.bfloat16, seed=heads + num_splits + 300)
     base = {"gluon": GLUON_PDLS, "triton16": mla.TritonConfig(16, 64, 8, 3, idx_ahead=True, pdl=True, pdl_split=True),
             "triton32": mla.TritonConfig(32, 64, 8, 2, pdl=True, pdl_split=True)}[kernel]
     cfg = dataclasses.replace(base, tma_store=True)
@@ -701,9 +703,7 @@ def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
     """The warp-specialised gluon kernel (experimental, TritonConfig.gluon_ws): the cases of the gluon test above
     (32-token tiles here, so splits end inside a tile differently), against the golden, NaN in unused cache rows
     and in the output buffer, graph replays bit-exact."""
-    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
-    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits + 200)
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + num_splits + 200)
     out = torch.full_like(case["q"][..., :512], float("nan"))
     out, lse = mla.mla_decode_triton(*args, config=GLUON_WS, num_splits=num_splits, out=out)
     check_against_golden(case, out, lse, dtype, 0.07, f"gluon ws H{heads} q{qo_lens} s{num_splits} {dtype}")
@@ -738,9 +738,7 @@ def test_gluon_cluster_merge_matches_golden(heads, qo_lens, num_splits, dtype):
     barrier (2, 4, 8 splits; 3 is not a cluster size here and takes the second-kernel merge): the same ragged,
     causal cases as above, against the golden, with NaN in unused cache rows and in the output buffer (every
     real row must be written by the in-cluster merge), and graph replays bit-exact."""
-    kv_lens = [max(n, q) for n, q in zip([4099, 1, 100], qo_lens)]
-    case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=heads + num_splits + 100)
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + num_splits + 100)
     out = torch.full_like(case["q"][..., :512], float("nan"))
     out, lse = mla.mla_decode_triton(*args, config=GLUON_CLUSTER, num_splits=num_splits, out=out)
     check_against_golden(case, out, lse, dtype, 0.07, f"gluon cluster H{heads} q{qo_lens} s{num_splits} {dtype}")

@@ -184,5 +184,4 @@ def report_probe_rounds(rows: list[dict[str, Any]], command: str, out: str | Non
         bad = any(r.get("agree") is False for r in rs)
         print(f"{R:5d}x{L:<6d} {label:24s} " + " ".join(f"{r['us']:8.3f}" for r in rs) + ("  WRONG" if bad else ""))
     if out:
-        with open(out, "w") as f:
-            json.dump({"provenance": provenance(command), "rows": rows}, f, indent=1)
+        write_json(out, {"provenance": provenance(command), "rows": rows})
