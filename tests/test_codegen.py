@@ -22,7 +22,8 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split", "gluon_32x4")
+                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split", "gluon_32x4",
+                "gluon_cst", "gluon_ws_cst")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -64,6 +65,10 @@ out["gluon_tma"] = codegen.gluon_kernel_report(heads=16, pdl=True, tma_store=Tru
 out["gluon_32x4"] = [codegen.gluon_kernel_report(heads=16, pdl=True, block_n=32, num_buffers=4, tma_store=t)
                      for t in (False, True)]
 out["tma_split"] = codegen.split_kernel_report(dataclasses.replace(small, tma_store=True))
+out["gluon_cst"] = [codegen.gluon_kernel_report(heads=16, pdl=True, coalesced_store=c, narrow=n)
+                    for n in (False, True) for c in (False, True)]
+out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True),
+                       codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True)]
 print(json.dumps(out))
 """
 
@@ -299,6 +304,36 @@ def test_tma_store_variants_write_partials_by_tma(reports):
     t = reports["tma_split"]
     assert t["tma_stores"] >= 1 and t["spill_bytes"] == 0 and t["global_reads_before_wait"] == 0, t
     assert reports["16x64 w8 s3 ia pdl pdls"]["tma_stores"] == 0
+
+
+def test_coalesced_store_writes_partials_in_16_byte_vectors(reports):
+    """``coalesced_store``: the gluon kernel's partial (fp32, or 16-bit with narrow partials) leaves in 16-byte
+    vector stores (32 per thread for a 64 x 512 fp32 partial on 256 threads, 16 for bf16), staged in the idle tile
+    buffers (no more shared memory), no spills; without it the accumulator layout gives 8-byte (fp32) or 4-byte
+    (bf16) stores."""
+    plain, cst, narrow, narrow_cst = reports["gluon_cst"]
+    assert plain["global_stores"].get("st.global.v2.b32") == 64 and "st.global.v4.b32" not in plain["global_stores"]
+    assert cst["global_stores"].get("st.global.v4.b32") == 32 and "st.global.v2.b32" not in cst["global_stores"]
+    assert narrow["global_stores"].get("st.global.b32", 0) >= 64
+    assert narrow_cst["global_stores"].get("st.global.v4.b32") == 16
+    for r in (cst, narrow_cst):
+        assert r["shared"] == plain["shared"] and r["spill_bytes"] == 0, r
+        assert r["pdl"]["global_reads_before_wait"] == 0, r
+
+
+def test_warp_specialised_kernel_stores_rows_in_16_byte_vectors(reports):
+    """The library's warp-specialised config (round 32: 16-bit partials, coalesced): each warpgroup's (64, 256) half
+    of the partial (bf16) or of the output (one split) leaves in 16-byte vectors (32 per thread of the 8 consumer
+    warps' functions: 64 rows x 256 values x 2 bytes / 128 threads / 16 bytes, per warpgroup function, in each of
+    the two functions), staged in that warpgroup's half of the tile buffers after both warpgroups arrived on one
+    mbarrier (a few hundred bytes more shared memory than the plain kernel's, for that barrier's alignment), with
+    nothing read before the PDL wait; spills stay small (the plain kernel's bound of 32 bytes plus 16)."""
+    plain = reports["gluon_ws"][0]
+    for r in reports["gluon_ws_cst"]:
+        assert r["global_stores"].get("st.global.v4.b32", 0) >= 32, r["global_stores"]
+        assert "st.global.v2.b32" not in r["global_stores"], r["global_stores"]
+        assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and r["shared"] - plain["shared"] <= 256, (r["shared"], plain)
+        assert r["spill_bytes"] <= 48 and r["pdl"]["global_reads_before_wait"] == 0, r
 
 
 def test_gluon_kernel_with_32_token_tiles_in_four_buffers(reports):

@@ -696,6 +696,36 @@ def test_tma_store_matches_default_bit_for_bit(kernel, heads, qo_lens, num_split
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
+@pytest.mark.parametrize("kernel", ["gluon", "gluon_ws"])
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("heads,qo_lens", [(16, [4, 4, 4]), (16, [3, 1, 4]), (128, [1, 2, 1]), (16, [1, 1, 1])])
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_coalesced_store_matches_default_bit_for_bit(kernel, narrow, heads, qo_lens, num_splits):
+    """``coalesced_store`` on both gluon kernels: the output (one split) or partial is staged in shared memory and
+    stored row-major (rows past the request's end masked: 48 of 64 rows, 16 of 64). Same values either way, so
+    the output equals the default's (with the same partial dtype) bit for bit; NaN in the output buffer and in
+    unused cache rows; graph replays bit-exact."""
+    case, args = ragged_gpu_case(qo_lens, heads, torch.bfloat16, seed=heads + num_splits + 400)
+    base = dataclasses.replace(GLUON_PDLS if kernel == "gluon" else GLUON_WS, narrow_partials=narrow)
+    cfg = dataclasses.replace(base, coalesced_store=True)
+    want, want_lse = mla.mla_decode_triton(*args, config=base, num_splits=num_splits)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits}")
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+
+
+def test_coalesced_store_config_is_checked():
+    for other in (dict(), dict(gluon=True, cluster_merge=True), dict(gluon=True, tma_store=True)):
+        with pytest.raises(ValueError, match="coalesced_store is a mode of the gluon split kernels"):
+            mla.TritonConfig(64, 64, 8, 2, coalesced_store=True, **other)
+    assert mla.TritonConfig(64, 64, 8, 2, gluon=True, coalesced_store=True).label.endswith(" cst")
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", GLUON_CASES)
 @pytest.mark.parametrize("num_splits", [1, 3, 8])

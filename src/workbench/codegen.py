@@ -18,6 +18,7 @@ are Python functions and there is nothing to compile; it raises a clear error th
 
 from __future__ import annotations
 
+import collections
 import inspect
 import os
 import re
@@ -286,7 +287,7 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
 
 def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", cluster: int = 0,
                         pdl: bool = False, tma_store: bool = False, block_n: int = 64,
-                        num_buffers: int = 2) -> dict[str, Any]:
+                        num_buffers: int = 2, coalesced_store: bool = False, narrow: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
     report ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes; the limit is :data:`GLUON_SMEM_LIMIT`),
     ``wgmma`` (``wgmma.mma_async`` instructions: 36 for q k^T over 576 values in k-steps of 16, 4 for P V) and
@@ -296,6 +297,9 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX.
     ``tma_store``: the variant whose whole row blocks write their partial by TMA; ``tma_stores`` counts its
     ``cp.async.bulk.tensor`` stores (one per 64 x 32 fp32 box: 16) and ``bulk_waits`` its waits for them.
+    ``coalesced_store``: the variant that stages its partial in shared memory and stores it row-major;
+    ``global_stores`` counts the PTX's ``st.global`` instructions by kind (``st.global.v4.b32``: 16-byte vectors).
+    ``narrow``: partials in ``dtype`` instead of fp32 (``TritonConfig.narrow_partials``).
     ``block_n`` and ``num_buffers``: the tile (64 or 32 tokens) and its buffers (2 or 4; ``cp_async_wait`` then
     shows ``num_buffers - 1`` tiles left in flight)."""
     if cluster and direct:
@@ -309,6 +313,15 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     extra: dict[str, str] = {}
     if cluster:
         consts.update(CLUSTER=cluster, MERGE_L=mla_gluon.cluster_merge_layout(cluster))
+    if narrow:
+        if direct:
+            raise ValueError("narrow is a mode of the partials: it needs direct=False")
+        extra["OUT"] = f"*{dtype}"
+    if coalesced_store:
+        if cluster or tma_store:
+            raise ValueError("coalesced_store stores from registers outside a cluster: it needs cluster=0 and "
+                             "tma_store=False")
+        consts["COALESCED_STORE"] = True
     if tma_store:
         consts["TMA_STORE"] = True
         extra["PART_DESC"] = f"tensordesc<fp32[{mla_gluon.BLOCK_M}, 512],{mla_gluon.PARTIAL_LAYOUT!r}>"
@@ -317,22 +330,29 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
     return dict(report, cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
                 cluster_barriers=len(re.findall(r"barrier\.cluster\.arrive", ptx)),
                 tma_stores=len(_TMA_STORE.findall(ptx)),
+                global_stores=dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items())),
                 bulk_waits=len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
                 pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
 
 
-def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16") -> dict[str, Any]:
+def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", coalesced_store: bool = False,
+                           narrow: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report
     ``shared`` (bytes), ``wgmma`` (per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps of 16,
     2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
     launch's ``maxnreg``; the partitions raise or lower it with setmaxnreg) and ``partition_barriers`` (the
-    named barriers of 128 threads that the partitions synchronise on)."""
+    named barriers of 128 threads that the partitions synchronise on). ``coalesced_store`` and ``narrow`` as for
+    :func:`gluon_kernel_report`, with ``global_stores`` likewise."""
     from workbench import mla_gluon_ws
 
+    if narrow and direct:
+        raise ValueError("narrow is a mode of the partials: it needs direct=False")
     _, ptx, report = _compile_gluon(mla_gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=True),
-                                    dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws")
+                                    dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store),
+                                    dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws",
+                                    {"OUT": f"*{dtype}"} if narrow else None)
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
+                global_stores=dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items())),
                 pdl=pdl_report(ptx))
 
 

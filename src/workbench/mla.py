@@ -996,7 +996,15 @@ class TritonConfig:
     #                          mask). Slower at every point of round 27 (B=16 L=4k +0.3-0.8 us; B=128 L=8k +5 %:
     #                          the Triton kernel's staging buffer leaves room for one program per SM, not two)
 
+    coalesced_store: bool = False  # gluon kernels only (not with cluster_merge or tma_store): the output or partial
+    #                                is staged in the idle tile buffers and stored row-major in 16-byte vectors (512
+    #                                contiguous bytes per warp store) instead of from the wgmma accumulator layout
+    #                                (8 rows x 32 bytes per warp store)
+
     def __post_init__(self) -> None:
+        if self.coalesced_store and (not self.gluon or self.cluster_merge or self.tma_store):
+            raise ValueError("coalesced_store is a mode of the gluon split kernels' output and partial stores: it needs "
+                             "gluon=True and does not go with cluster_merge or tma_store")
         if self.gluon and ((self.block_m, self.num_warps) != (64, 8)
                            or (self.block_n, self.num_stages) not in ((64, 2), (32, 4))):
             raise ValueError(f"gluon needs block_m=64, num_warps=8 and 64-token tiles in 2 buffers or 32-token tiles "
@@ -1091,7 +1099,7 @@ class TritonConfig:
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
                 self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
-                self.narrow_partials)
+                self.narrow_partials, self.coalesced_store)
 
     @property
     def label(self) -> str:
@@ -1104,7 +1112,8 @@ class TritonConfig:
                 + (" pdls" if self.pdl_split else "") + (" mbw" if self.meta_before_wait else "")
                 + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else "")
                 + (" spin" if self.spin_merge else "") + (" tma" if self.tma_store else "")
-                + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else ""))
+                + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else "")
+                + (" cst" if self.coalesced_store else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1196,8 +1205,15 @@ def rocm_triton_config(rows_per_req: int, dtype: torch.dtype) -> TritonConfig:
 # B=16 L=4k qlen 4 44.7 against 47.0 us); the in-cluster merge (cluster_merge) stays opt-in: it helped only
 # where every cluster fits at once (B=64 L=4k qlen 4, 2 splits: 107.0 against 109.0 us), and it launches
 # through Triton's packed launch metadata, an internal.
+# Round 32 (eleventh session): 16-bit partials stored row-major (narrow_partials + coalesced_store): the partial of
+# a 64-row program is 64 KB instead of 128 KB and leaves in 16-byte vectors instead of 4- or 8-byte stores from the
+# wgmma accumulator layout (scripts/decode_coalesced_store_probe.py, two H200s, three rounds each): B=16 L=4k
+# qlen 4 34.4-36.2 against 37.7-41.6 us, 128 heads B=8 L=4k 33.0-36.7 against 36.5-39.5, B=32 L=1k qlen 4
+# 22.1-23.5 against 26.2-27.3, and on the warp-specialised kernel qlen 8 B=16 L=4k 53.5-53.8 against 59.1-63.5;
+# within run-to-run noise at the long calls (one split, or two splits of 16k tokens). Either switch alone was
+# not faster (16-bit partials alone 2-3 us slower: their 4-byte stores).
 GLUON_CONFIG = TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, programs_per_sm=1, pdl=True,
-                            pdl_split=True, gluon=True)
+                            pdl_split=True, gluon=True, narrow_partials=True, coalesced_store=True)
 
 
 # The warp-specialised gluon kernel (workbench.mla_gluon_ws) for calls whose programs each take at least
@@ -1606,7 +1622,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
         from workbench import mla_gluon_ws
 
         compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
-            *head, *tail, DIRECT=direct,
+            *head, *tail, DIRECT=direct, COALESCED_STORE=cfg.coalesced_store,
             **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
     else:
         if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:
@@ -1621,6 +1637,8 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
                 return
         if cfg.tma_store and not direct:
             common.update(PART_DESC=mla_gluon.partial_descriptor(o_dst), TMA_STORE=True)
+        if cfg.coalesced_store:
+            common["COALESCED_STORE"] = True
         compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, BN=cfg.block_n,
                                                                   NBUF=cfg.num_stages, **common)
     _note_compiled(cfg, compiled)

@@ -33,7 +33,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait
 
 __all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "PARTIAL_LAYOUT", "cluster_capacity",
-           "cluster_merge_layout", "launch_clustered", "mla_decode_gluon_split_kernel", "partial_descriptor"]
+           "cluster_merge_layout", "launch_clustered", "mla_decode_gluon_split_kernel", "partial_descriptor",
+           "staging_buffer", "store_rows_coalesced"]
 
 BLOCK_M = 64  # folded rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64  # cache rows (tokens) per tile
@@ -194,6 +195,10 @@ def mla_decode_gluon_split_kernel(
     TMA_STORE: gl.constexpr = False,  # partials (not DIRECT, not CLUSTER): a program whose 64 rows are all real
     #                                   stages its partial in the (then idle) tile buffers and writes it with
     #                                   one TMA store instead of 128 KB of register stores
+    COALESCED_STORE: gl.constexpr = False,  # the output (DIRECT) or partial (not CLUSTER, not TMA_STORE) staged in
+    #                                         the idle tile buffers and read back row-major, so each warp store
+    #                                         writes 512 contiguous bytes (16-byte vectors) instead of 8 rows x
+    #                                         32 bytes from the wgmma accumulator layout
 ):
     BM: gl.constexpr = 64
     NUM_WARPS_C: gl.constexpr = gl.num_warps()
@@ -293,7 +298,14 @@ def mla_decode_gluon_split_kernel(
         grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
         s_ok = s_rows < n_rows
         if DIRECT:
-            gl.store(OUT + grow[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty), mask=o_ok[:, None])
+            if COALESCED_STORE:
+                _cta_barrier()  # every thread's copies have landed and its wgmma reads are done
+                store_rows_coalesced(OUT, staging_buffer(k_lat_s, OUT.dtype.element_ty, BM, D_LATENT), out,
+                                     q_start * NUM_HEADS + pid_m * BM, n_rows - pid_m * BM, 0, BM, D_LATENT,
+                                     NUM_WARPS_C)
+            else:
+                gl.store(OUT + grow[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty),
+                         mask=o_ok[:, None])
             gl.store(LSE + grow_s, lse_s, mask=s_ok)
         else:
             base = pid_s.to(gl.int64) * total_rows
@@ -303,6 +315,11 @@ def mla_decode_gluon_split_kernel(
                                                                   + pid_m * BM).to(gl.int32), BM, D_LATENT)
                 else:  # the last rows of a request: the next request's rows follow, so store by mask
                     gl.store(OUT + (base + grow)[:, None] * D_LATENT + d_o[None, :], out, mask=o_ok[:, None])
+            elif COALESCED_STORE and CLUSTER == 0:
+                _cta_barrier()  # every thread's copies have landed (wait_group(0)) and its wgmma reads are done
+                store_rows_coalesced(OUT, staging_buffer(k_lat_s, OUT.dtype.element_ty, BM, D_LATENT), out,
+                                     base + q_start * NUM_HEADS + pid_m * BM, n_rows - pid_m * BM, 0, BM, D_LATENT,
+                                     NUM_WARPS_C)
             else:  # fp32 partials, or (narrow_partials) q's dtype
                 gl.store(OUT + (base + grow)[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty),
                          mask=o_ok[:, None])
@@ -313,6 +330,37 @@ def mla_decode_gluon_split_kernel(
                 _cluster_barrier(NUM_WARPS_C * 32)
                 _cluster_merge(OUT, LSE, FINAL_O, FINAL_LSE, q_start * NUM_HEADS + pid_m * BM, n_rows - pid_m * BM,
                                total_rows, pid_s, CLUSTER, BM, D_LATENT, MERGE_L)
+
+
+@gluon.jit
+def store_rows_coalesced(PTR, stage, vals, row_start, n_valid, col0, BM: gl.constexpr, WIDTH: gl.constexpr,
+                         NUM_WARPS: gl.constexpr):
+    """Store the (BM, WIDTH) tile ``vals`` (any register layout) at rows ``row_start + r`` (only ``r < n_valid``),
+    columns ``col0 ..`` of the row-major (rows, 512) tensor ``PTR``, through the idle shared buffer ``stage``
+    ((BM, WIDTH), PTR's dtype): read back row-major, each thread 16 contiguous bytes, so a warp's store covers
+    512 contiguous bytes of one row, not 32 bytes in each of 8 rows as from a wgmma accumulator. The caller makes
+    sure no thread still reads ``stage`` (copies landed, wgmma reads done) before the call."""
+    dtype: gl.constexpr = PTR.dtype.element_ty
+    VEC: gl.constexpr = 128 // dtype.primitive_bitwidth  # 16 bytes per thread
+    stage.store(vals.to(dtype))
+    _cta_barrier()  # every thread's part is in shared memory
+    ROW_L: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [NUM_WARPS, 1], [1, 0])
+    v = stage.load(ROW_L)
+    r = gl.arange(0, BM, layout=gl.SliceLayout(1, ROW_L))
+    c = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, ROW_L))
+    gl.store(PTR + (row_start + r).to(gl.int64)[:, None] * 512 + c[None, :], v, mask=(r < n_valid)[:, None])
+
+
+@gluon.jit
+def staging_buffer(buf, dtype: gl.constexpr, BM: gl.constexpr, WIDTH: gl.constexpr):
+    """The idle tile buffers ``buf`` viewed as a (BM, WIDTH) tile of ``dtype`` (fp32 or 16-bit) for
+    :func:`store_rows_coalesced` (128-byte swizzle: the accumulator's stores into it are free of bank conflicts)."""
+    if dtype == gl.float32:
+        stage = buf._reinterpret(gl.float32, [BM, WIDTH],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+    else:
+        stage = buf._reinterpret(dtype, [BM, WIDTH], gl.NVMMASharedLayout.get_default_for([BM, WIDTH], dtype))
+    return stage
 
 
 @gluon.jit

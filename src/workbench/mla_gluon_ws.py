@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from workbench.mla_gluon import _cta_barrier, online_softmax_step, program_range
+from workbench.mla_gluon import _cta_barrier, online_softmax_step, program_range, staging_buffer, store_rows_coalesced
 
 __all__ = ["BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "MAX_REGS", "mla_decode_gluon_ws_kernel"]
 
@@ -46,9 +46,10 @@ _D_LATENT = gl.constexpr(512)  # MLA's latent width (also V's)
 _D_ROPE = gl.constexpr(64)
 
 @gluon.jit
-def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, OUT, LSE, row0, n_rows, m0,
-     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, num_heads) = a
+def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False):
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, DONE, OUT, LSE, row0,
+     n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
+     num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
     if W == 0:
@@ -142,7 +143,15 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     d_o = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, O_L))
     out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
     grow = (row0 + o_rows).to(gl.int64)
-    if DIRECT:
+    if COALESCED:
+        # staged in this warpgroup's half of the latent tile buffers (64 KB), once both warpgroups are done with
+        # every buffer (the other one's last S may still read this half): each arrives on DONE, then waits
+        _cta_barrier()
+        mbarrier.arrive(DONE.index(0))
+        mbarrier.wait(DONE.index(0), 0)
+        store_rows_coalesced(OUT, staging_buffer(V_MY, OUT.dtype.element_ty, BM, HALF), out,
+                             row0 if DIRECT else out_base + row0, n_rows, W * HALF, BM, HALF, 4)
+    elif DIRECT:
         gl.store(OUT + grow[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty), mask=o_ok[:, None])
     else:
         gl.store(OUT + (out_base + grow)[:, None] * D_LATENT + d_o[None, :], out.to(OUT.dtype.element_ty),
@@ -181,11 +190,32 @@ def _consumer1_partial(a):
 
 
 @gluon.jit
+def _consumer0_direct_cst(a):
+    _consumer(a, 0, True, True)
+
+
+@gluon.jit
+def _consumer1_direct_cst(a):
+    _consumer(a, 1, True, True)
+
+
+@gluon.jit
+def _consumer0_partial_cst(a):
+    _consumer(a, 0, False, True)
+
+
+@gluon.jit
+def _consumer1_partial_cst(a):
+    _consumer(a, 1, False, True)
+
+
+@gluon.jit
 def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, OUT, LSE, row0, n_rows, m0,
-     k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, num_heads) = a
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, DONE, OUT, LSE, row0,
+     n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
+     num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     D_ROPE: gl.constexpr = _D_ROPE
     BN: gl.constexpr = 32
@@ -215,6 +245,8 @@ def mla_decode_gluon_ws_kernel(
     stride_kv, total_rows, qk_scale, num_splits,
     NUM_HEADS: gl.constexpr, DIRECT: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr,
     PDL: gl.constexpr = False,
+    COALESCED_STORE: gl.constexpr = False,  # each warpgroup's half of the output or partial staged in its half of
+    #                                         the latent tile buffers and stored row-major in 16-byte vectors
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 32
@@ -250,6 +282,8 @@ def mla_decode_gluon_ws_kernel(
         full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(done.index(0), count=2)  # both warpgroups, after their last tile (COALESCED_STORE)
         for i in gl.static_range(NBUF):
             mbarrier.init(full.index(i), count=LOADER_WARPS * 32)  # one arrival per loader lane, when its copies land
             mbarrier.init(empty.index(i), count=2)  # both warpgroups
@@ -275,12 +309,22 @@ def mla_decode_gluon_ws_kernel(
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, OUT, LSE, row0,
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, done, OUT, LSE,
+                row0,
                 n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV, KV_INDICES,
                 kv_start, stride_kv, NUM_HEADS)
-        if DIRECT:  # (constexprs do not pass into the partitions: one function per case)
-            gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )), (_loader, (args, ))],
-                               [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+        # (constexprs do not pass into the partitions: one function per case)
+        if DIRECT:
+            if COALESCED_STORE:
+                gl.warp_specialize([(_consumer0_direct_cst, (args, )), (_consumer1_direct_cst, (args, )),
+                                    (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )), (_loader, (args, ))],
+                                   [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
         else:
-            gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )), (_loader, (args, ))],
-                               [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            if COALESCED_STORE:
+                gl.warp_specialize([(_consumer0_partial_cst, (args, )), (_consumer1_partial_cst, (args, )),
+                                    (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )),
+                                    (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
