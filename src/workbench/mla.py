@@ -989,7 +989,9 @@ class TritonConfig:
     #                                (the merge is a convex combination: at most one more rounding of the largest
     #                                partial). Not with balanced or tma_store. Mixed in round 29: 0.7-0.9 us faster
     #                                at B=16 L=4k qlen 1 (Triton, before round 30's merge; no consistent gain after),
-    #                                2.3-2.9 us slower at qlen 4 (gluon), 12 % slower with the large-batch tile
+    #                                2.3-2.9 us slower at qlen 4 (gluon), 12 % slower with the large-batch tile.
+    #                                With coalesced_store (round 32) the gluon kernels gain 9-15 % at small calls:
+    #                                both are in GLUON_CONFIG and GLUON_WS_CONFIG
     tma_store: bool = False  # partials leave by TMA: a program whose rows fill its whole row block stages its fp32
     #                          partial in shared memory and writes it with bulk (TMA) copies (NVIDIA sm90+,
     #                          compiled; the gluon kernel, and the Triton split kernel; partial row blocks store by
@@ -999,7 +1001,8 @@ class TritonConfig:
     coalesced_store: bool = False  # gluon kernels only (not with cluster_merge or tma_store): the output or partial
     #                                is staged in the idle tile buffers and stored row-major in 16-byte vectors (512
     #                                contiguous bytes per warp store) instead of from the wgmma accumulator layout
-    #                                (8 rows x 32 bytes per warp store)
+    #                                (8 rows x 32 bytes per warp store). Round 32: level alone with fp32 partials,
+    #                                9-15 % faster at small calls with narrow_partials (in GLUON_CONFIG)
 
     def __post_init__(self) -> None:
         if self.coalesced_store and (not self.gluon or self.cluster_merge or self.tma_store):
@@ -1280,7 +1283,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
       (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
       each, :data:`GLUON_WS_CONFIG`, the warp-specialised kernel of :mod:`workbench.mla_gluon_ws` (round 23:
-      5-12 % faster there, :func:`prefer_gluon_ws`);
+      5-12 % faster there, :func:`prefer_gluon_ws`); both with 16-bit partials stored row-major
+      (``narrow_partials`` + ``coalesced_store``, round 32: B=16 L=4k qlen 4 37.7-41.6 -> 34.4-36.2 us);
     * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
       tiles; ``idx_ahead`` there (which needs 2 stages to fit) was mixed in rounds 8-9: 3-4 % faster at 128

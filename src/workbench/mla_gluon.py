@@ -23,6 +23,10 @@ Two launch modes on top (round 21, chapter 3): ``PDL`` (wait for the kernel befo
 and ``CLUSTER`` (``TritonConfig(cluster_merge=True)``): the 2, 4 or 8 splits of a row block run as one
 thread-block cluster, store their partials, meet at a cluster barrier and each merge a slice of the columns, so
 no second kernel runs. :func:`launch_clustered` launches that only when all the clusters fit on the GPU at once.
+
+``COALESCED_STORE`` (round 32, with 16-bit partials the library's default for both gluon kernels): the output or
+partial is staged in the idle tile buffers and stored row-major in 16-byte vectors (:func:`store_rows_coalesced`),
+not from the ``wgmma`` accumulator layout, whose warp stores write 32 bytes into each of 8 rows.
 """
 
 from __future__ import annotations
