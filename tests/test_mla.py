@@ -396,6 +396,7 @@ VARIANTS = {
     "idx_prefetch_l2": dict(idx_ahead=True, idx_prefetch=2),
     "pdl_split": dict(pdl_split=True, pdl=True),
     "meta_before_wait": dict(pdl_split=True, pdl=True, meta_before_wait=True),  # PDL launches: compiled NVIDIA sm90+ only (else plain launches)
+    "prefetch_before_wait": dict(pdl_split=True, pdl=True, prefetch_before_wait=2),  # PTX: compiled NVIDIA only
 }
 # (qo_lens, kv_lens, heads, splits or programs): ragged queries, a request with no query tokens, keys shorter
 # than one tile, splits/programs that leave some empty, more programs than tokens.
@@ -565,6 +566,54 @@ def ragged_gpu_case(qo_lens, heads, dtype, seed):
     case = make_case(qo_lens, kv_lens, heads, dtype=dtype, device="cuda", seed=seed)
     return case, (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
                   max(qo_lens), 0.07)
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
+@pytest.mark.parametrize("pbw", [1, 2, 3])
+@pytest.mark.parametrize("qo_lens,seq_lens", [([1, 1, 1], [4099, 1, 100]), ([2, 1, 4], [700, 3, 1500])])
+def test_prefetch_before_wait_is_exact_right_after_the_metadata_is_built(pbw, qo_lens, seq_lens):
+    """``prefetch_before_wait`` reads the metadata before the split kernel's PDL wait, but only to form prefetch
+    addresses. Here the metadata is written by the index expansion launched just before (PDL: the split programs
+    can start while it still writes) into buffers that held out-of-range garbage: the pre-wait reads see it, and
+    the clamped prefetches must neither fault nor change a bit of the output (the default config's, with the same
+    split count), eager and under CUDA-graph replay; the output also matches the golden."""
+    from workbench.expand import expand_page_indices
+
+    ex = mla.make_decode_example(qo_lens, seq_lens, 16, 16, dtype=torch.bfloat16, device_="cuda", seed=pbw)
+    md = ex.metadata
+    base = mla.TritonConfig(16, 64, 8, 3, programs_per_sm=1, idx_ahead=True, pdl=True, pdl_split=True)
+    cfg = dataclasses.replace(base, prefetch_before_wait=pbw)
+    want, want_lse = mla.mla_decode_triton(ex.q, ex.flat_cache, md.qo_indptr, md.kv_indptr, md.kv_indices,
+                                           max(qo_lens), 0.07, config=base, num_splits=5)
+    idx = torch.full_like(md.kv_indices, 2**31 - 1)
+    indptr = torch.full_like(md.kv_indptr, -(2**30))
+
+    def call(o):
+        idx.fill_(2**31 - 1)  # garbage the pre-wait reads may see: the expansion below rewrites both buffers
+        indptr.fill_(-(2**30))
+        expand_page_indices(ex.block_table, ex.seq_lens, 16, out=idx, kv_indptr=indptr, max_seq_len=max(seq_lens),
+                            validate=False)
+        return mla.mla_decode_triton(ex.q, ex.flat_cache, md.qo_indptr, indptr, idx, max(qo_lens), 0.07,
+                                     config=cfg, num_splits=5, out=o)
+
+    out = torch.full_like(want, float("nan"))
+    out, lse = call(out)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    case = dict(q=ex.q, kv_cache=ex.flat_cache.view(-1, 576), qo_indptr=md.qo_indptr, kv_indptr=md.kv_indptr,
+                kv_indices=md.kv_indices)
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"{cfg.label} q{qo_lens}")
+    assert_graph_replays_equal(lambda o: call(o)[0], out)
+
+
+def test_prefetch_before_wait_config_is_checked():
+    for other in (dict(), dict(pdl_split=True, meta_before_wait=True), dict(pdl_split=True, balanced=True)):
+        with pytest.raises(ValueError, match="prefetch_before_wait is 2"):
+            mla.TritonConfig(16, 64, 8, 3, prefetch_before_wait=2, **other)
+    with pytest.raises(ValueError, match="prefetch_before_wait is -1"):
+        mla.TritonConfig(16, 64, 8, 3, pdl_split=True, prefetch_before_wait=-1)
+    assert mla.TritonConfig(16, 64, 8, 3, pdl_split=True, prefetch_before_wait=2).label.endswith(" pdls pbw2")
 
 
 GLUON = mla.TritonConfig(64, 64, 8, 2, programs_per_sm=1, gluon=True)

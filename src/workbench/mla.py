@@ -391,6 +391,31 @@ def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m
     return acc, m_new, l_i
 
 
+@triton.jit
+def _prefetch_before_wait(KV, KV_INDICES, KV_INDPTR, req, pid_s, num_splits, stride_kv, num_idx, num_rows,
+                          BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+    """Before the PDL wait (the kernel before may still be writing the metadata): ask L2 for the cache rows of this
+    program's first TILES tiles of BLOCK_N tokens, so that their DRAM reads overlap the kernel before instead of
+    following it.
+    Everything read here may be stale and is used only to form prefetch addresses, never a result: the loads go
+    to L2 only (``.cg``), so that no stale line is left in L1 for the loads after the wait (L2 is where the
+    kernel before's writes become visible); every address is clamped into its tensor (``num_idx`` indices,
+    ``num_rows`` cache rows), so stale values cannot fault; and a prefetch is a hint that writes no register.
+    16-bit rows: nine 128-byte lines each."""
+    kv_s = tl.load(KV_INDPTR + req, cache_modifier=".cg").to(tl.int64)
+    s_k = tl.load(KV_INDPTR + req + 1, cache_modifier=".cg").to(tl.int64) - kv_s
+    chunk = tl.cdiv(tl.cdiv(s_k, num_splits), BLOCK_N) * BLOCK_N
+    hi = tl.minimum(pid_s * chunk + chunk, s_k)
+    for t in tl.static_range(TILES):
+        cols = pid_s * chunk + t * BLOCK_N + tl.arange(0, BLOCK_N)
+        pos = kv_s + cols
+        ok = (cols < hi) & (pos >= 0) & (pos < num_idx)
+        idx = tl.load(KV_INDICES + tl.where(ok, pos, 0), mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
+        row = KV + tl.minimum(tl.maximum(idx, 0), num_rows - 1) * stride_kv
+        _prefetch_l2(row[:, None] + (tl.arange(0, 8) * 64)[None, :])
+        _prefetch_l2(row + 8 * 64)
+
+
 TRACE_TILES = tl.constexpr(60)  # tiles whose end time a traced program records (later tiles are not recorded)
 TRACE_SLOTS = tl.constexpr(4 + 60)  # per program: SM id, entry, after the PDL wait, exit, then one per tile
 MERGE_TRACE_SLOTS = tl.constexpr(4)  # per merge program: SM id, entry, after the PDL wait, exit
@@ -453,10 +478,17 @@ def _mla_decode_split_kernel(
     PART_DESC=None,  # TMA_STORE: descriptor of OUT viewed (num_splits * total_rows, 512), (BLOCK_M, 512) blocks
     TMA_STORE: tl.constexpr = False,  # partials: a program whose BLOCK_M rows are all real writes its partial with
     #                                   one descriptor store (TMA on Hopper); others store by mask
+    PBW_TILES: tl.constexpr = 0,  # GDC_WAIT: before the wait, prefetch the rows of this program's first PBW_TILES
+    #                               tiles into L2 (hints from possibly stale metadata; see _prefetch_before_wait)
+    NUM_IDX=0,  # PBW_TILES: kv_indices.numel() (the pre-wait index loads stay inside it)
+    NUM_ROWS=0,  # PBW_TILES: rows of the cache (the prefetched addresses stay inside it)
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     req = tl.program_id(2)
+    if PBW_TILES > 0 and GDC_WAIT and not META_BEFORE_WAIT:
+        _prefetch_before_wait(KV, KV_INDICES, KV_INDPTR, req, pid_s, num_splits, stride_kv, NUM_IDX, NUM_ROWS, BLOCK_N,
+                              PBW_TILES)
     if TRACE:
         trace = TRACE_BUF + (pid_m + tl.num_programs(0) * (pid_s + tl.num_programs(1) * req)) * TRACE_SLOTS
         tl.store(trace + 1, tl.extra.cuda.globaltimer())
@@ -998,6 +1030,11 @@ class TritonConfig:
     #                          mask). Slower at every point of round 27 (B=16 L=4k +0.3-0.8 us; B=128 L=8k +5 %:
     #                          the Triton kernel's staging buffer leaves room for one program per SM, not two)
 
+    prefetch_before_wait: int = 0  # Triton split kernel with pdl_split (not meta_before_wait), 16-bit: before its PDL
+    #                                wait each program asks L2 for the rows of its first this-many tiles, found from
+    #                                metadata read L2-only before the wait (possibly stale: used for addresses only,
+    #                                clamped into the tensors; the loads after the wait are unchanged). Exact, but
+    #                                slower in round 33 (B=16 L=4k +0.4-3 us, more with more tiles): opt-in
     coalesced_store: bool = False  # gluon kernels only (not with cluster_merge or tma_store): the output or partial
     #                                is staged in the idle tile buffers and stored row-major in 16-byte vectors (512
     #                                contiguous bytes per warp store) instead of from the wgmma accumulator layout
@@ -1005,6 +1042,11 @@ class TritonConfig:
     #                                9-15 % faster at small calls with narrow_partials (in GLUON_CONFIG)
 
     def __post_init__(self) -> None:
+        if self.prefetch_before_wait and (self.prefetch_before_wait < 0 or not self.pdl_split or self.meta_before_wait
+                                          or self.gluon or self.balanced):
+            raise ValueError(f"prefetch_before_wait is {self.prefetch_before_wait}; it must be >= 0, and above 0 only "
+                             "with pdl_split=True (it runs before the split kernel's PDL wait), without "
+                             "meta_before_wait, gluon or balanced")
         if self.coalesced_store and (not self.gluon or self.cluster_merge or self.tma_store):
             raise ValueError("coalesced_store is a mode of the gluon split kernels' output and partial stores: it needs "
                              "gluon=True and does not go with cluster_merge or tma_store")
@@ -1102,7 +1144,7 @@ class TritonConfig:
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
                 self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
-                self.narrow_partials, self.coalesced_store)
+                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait)
 
     @property
     def label(self) -> str:
@@ -1116,7 +1158,8 @@ class TritonConfig:
                 + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else "")
                 + (" spin" if self.spin_merge else "") + (" tma" if self.tma_store else "")
                 + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else "")
-                + (" cst" if self.coalesced_store else ""))
+                + (" cst" if self.coalesced_store else "")
+                + (f" pbw{self.prefetch_before_wait}" if self.prefetch_before_wait else ""))
 
     def resident_per_sm(self) -> int:
         """Programs that fit on one SM at once: ``programs_per_sm`` if set; else from the registers and
@@ -1479,6 +1522,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     common = split_kernel_options(cfg, heads, q.dtype, q.device, launch_dependents=pdl or pdl_split,
                                   pdl_split=pdl_split)
     grid = (row_blocks, num_splits, num_reqs)
+    if common.get("PBW_TILES"):
+        common.update(NUM_IDX=kv_indices.numel(), NUM_ROWS=cache.shape[0])
     if trace is not None:
         _check_trace(trace, q.device, *_trace_programs(cfg, row_blocks, num_splits, num_reqs, total_rows))
         common.update(TRACE_BUF=trace[0], TRACE=True)
@@ -1706,6 +1751,8 @@ def split_kernel_options(cfg: TritonConfig, heads: int, dtype: torch.dtype, dev:
                 D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, **cfg.launch_options())
     if pdl_split:
         opts.update(GDC_WAIT=True, launch_pdl=True, META_BEFORE_WAIT=cfg.meta_before_wait)
+        if cfg.prefetch_before_wait and device.compiled_nvidia(dev) and dtype.itemsize == 2:
+            opts["PBW_TILES"] = cfg.prefetch_before_wait
     return opts
 
 

@@ -309,10 +309,9 @@ def mla_decode_gluon_ws_kernel(
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, done, OUT, LSE,
-                row0,
-                n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV, KV_INDICES,
-                kv_start, stride_kv, NUM_HEADS)
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, done, OUT,
+                LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV,
+                KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
         if DIRECT:
             if COALESCED_STORE:
