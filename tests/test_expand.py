@@ -490,12 +490,13 @@ def test_loose_bound_expands_exactly(monkeypatch, bound_factor):
         assert cfg.max_chunk_programs * -(-len(lens) // cfg.group) <= max(8, -(-len(lens) // cfg.group))
         assert (cfg.group > 1) == (len(lens) >= 4 * 2)  # the second batch runs the group path
         ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
-        out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
-        indptr = torch.full((len(lens) + 1,), SENTINEL, dtype=torch.int32, device=DEV)
-        E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
-                              validate=False, loose_bound=True)
-        assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices) and torch.equal(indptr.cpu(), ref_indptr)
-        assert (out[ref_indices.numel():] == SENTINEL).all()
+        for skip in (True, False):  # chunk programs with nothing to store skip their prefix sum, or (as before) not
+            out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
+            indptr = torch.full((len(lens) + 1,), SENTINEL, dtype=torch.int32, device=DEV)
+            E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
+                                  validate=False, config=dataclasses.replace(cfg, skip_idle_prefix=skip))
+            assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices), skip
+            assert torch.equal(indptr.cpu(), ref_indptr) and (out[ref_indices.numel():] == SENTINEL).all(), skip
         meta = E.build_flat_decode_metadata(block_table, seq_lens, [1] * len(lens), 16, num_blocks=num_blocks,
                                             max_seq_len=bound, loose_bound=True)
         assert torch.equal(meta.kv_indices.cpu(), ref_indices) and torch.equal(meta.kv_indptr.cpu(), ref_indptr)

@@ -395,7 +395,7 @@ def _expand_group(
     block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr, num_reqs,
     g, c, n_c, K: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr, BLOCK_R: tl.constexpr,
     PREFIX_LOOP: tl.constexpr, INDPTR_IN: tl.constexpr, STORE_CACHE: tl.constexpr, PREFIX_U32: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, SKIP_IDLE: tl.constexpr,
 ):
     """One program's work when it covers GROUP consecutive requests (``g * GROUP ..``) at once, as a
     ``(GROUP, BLOCK_T)`` tile: for batches of many short requests. The prefix sum is taken once for the
@@ -411,7 +411,12 @@ def _expand_group(
     else:
         lens = tl.load(seq_lens_ptr + req, mask=valid, other=0).to(tl.int32)
         lens64 = lens.to(tl.int64)
-        start = _prefix_sum(seq_lens_ptr, g * GROUP, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE) + tl.cumsum(lens64, 0) - lens64
+        start = tl.zeros([GROUP], dtype=tl.int64)
+        # SKIP_IDLE: a chunk program past every request of its group (a loose max_seq_len bound, or a ragged
+        # group) stores nothing, so it may skip the prefix sum (measured: not faster; off by default).
+        if (c == 0) | (c * BLOCK_T < tl.max(lens, 0)) | (not SKIP_IDLE):
+            start = (_prefix_sum(seq_lens_ptr, g * GROUP, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE)
+                     + tl.cumsum(lens64, 0) - lens64)
         if c == 0:  # GROUP neighbouring kv_indptr entries in one store
             tl.store(kv_indptr_ptr + req + 1, (start + lens64).to(tl.int32), mask=valid)
             if g == 0:
@@ -445,6 +450,7 @@ def _expand_page_indices_kernel(
     PREFIX_U32: tl.constexpr = False,  # sum seq_lens in uint32 (exact below 2**32 tokens), not int64
     GROUP: tl.constexpr = 1,  # requests per program (> 1: a (GROUP, BLOCK_T) tile, for many short requests)
     WIDE_PREFIX: tl.constexpr = False,  # the prefix sum in a BLOCK_R-wide accumulator (one-warp programs)
+    SKIP_IDLE: tl.constexpr = False,  # chunk programs with nothing to store skip the prefix sum (not faster)
 ):
     # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
     # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
@@ -462,7 +468,7 @@ def _expand_page_indices_kernel(
     if GROUP > 1:
         _expand_group(block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
                       num_reqs, r, c, n_c, K, BLOCK_T, GROUP, BLOCK_R, PREFIX_LOOP, INDPTR_IN, STORE_CACHE,
-                      PREFIX_U32, WIDE_PREFIX)
+                      PREFIX_U32, WIDE_PREFIX, SKIP_IDLE)
     else:
         row = block_table_ptr + r.to(tl.int64) * block_table_stride
         # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
@@ -478,7 +484,9 @@ def _expand_page_indices_kernel(
             seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
         else:
             seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-            start = _prefix_sum(seq_lens_ptr, r, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE_PREFIX)
+            start = tl.zeros([], dtype=tl.int64)
+            if (c == 0) | (tok0 < seq_len) | (not SKIP_IDLE):  # SKIP_IDLE: none past the request's end
+                start = _prefix_sum(seq_lens_ptr, r, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE_PREFIX)
             if c == 0:
                 tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
                 if r == 0:
@@ -511,6 +519,11 @@ class ExpandConfig:
     prefix_block: int = 4096  # seq_lens summed per step of a program's prefix sum (a power of two >= 32)
     # (with the 32-wide accumulator every step is unrolled into prefix_block / 32 loads per lane, issued back to
     # back; the steps wait on each other, so batches of more requests than this pay one memory latency per step)
+    skip_idle_prefix: bool = False  # chunk programs with nothing to store skip their prefix sum: not faster on an
+    #                                 H200 (eleventh session, the committed JSON's idle_prefix_probe: 2048 x 200
+    #                                 under a 128k bound 4.78 against 4.71 us, 16,384 x 32 6.66 against 6.83, tight
+    #                                 bounds 0.06-0.18 us slower; one round), so off: the loose bound's cost is not
+    #                                 those sums
 
     def __post_init__(self) -> None:
         for name in ("block_t", "num_warps", "group", "prefix_block"):
@@ -627,6 +640,7 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
         PREFIX_U32=config.prefix_u32, GROUP=config.group, WIDE_PREFIX=config.wide_prefix,
+        SKIP_IDLE=config.skip_idle_prefix,
         num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 
