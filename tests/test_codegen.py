@@ -22,8 +22,8 @@ from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
-                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split", "gluon_32x4",
-                "gluon_cst", "gluon_ws_cst")
+                "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
+                "gluon_32x4", "gluon_cst", "gluon_ws_cst")
 
 SCRIPT = """
 import dataclasses, json, torch

@@ -39,9 +39,9 @@ FLOPS_PER_TOKEN_HEAD = 2 * (mla.QK_HEAD_DIM + mla.KV_LORA_RANK)  # per query row
 # The sweep: (heads, qlen, batch, context).
 MAIN_GRID = [(h, 1, b, l) for h in (16, 128) for b in (1, 16, 64, 128) for l in (1024, 4096, 8192, 32768)]
 QLEN_PAIRS = [(16, 4096), (64, 4096), (64, 32768), (128, 8192)]
+QLEN_GRID = [(16, q, b, l) for q in (2, 4, 6, 8) for b, l in QLEN_PAIRS] + [(128, q, 64, 4096) for q in (2, 4, 6, 8)]
 # the gluon config as rounds 20-31 ran it: fp32 partials stored from the wgmma accumulator layout (round 32 changed it)
 GLUON_BEFORE_ROUND32 = dataclasses.replace(mla.GLUON_CONFIG, narrow_partials=False, coalesced_store=False)
-QLEN_GRID = [(16, q, b, l) for q in (2, 4, 6, 8) for b, l in QLEN_PAIRS] + [(128, q, 64, 4096) for q in (2, 4, 6, 8)]
 
 
 @dataclasses.dataclass(frozen=True)
