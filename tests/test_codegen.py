@@ -23,7 +23,7 @@ from workbench import codegen, device, mla
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
-                "gluon_32x4", "gluon_cst", "gluon_ws_cst")
+                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -67,6 +67,7 @@ out["gluon_32x4"] = [codegen.gluon_kernel_report(heads=16, pdl=True, block_n=32,
 out["tma_split"] = codegen.split_kernel_report(dataclasses.replace(small, tma_store=True))
 out["gluon_cst"] = [codegen.gluon_kernel_report(heads=16, pdl=True, coalesced_store=c, narrow=n)
                     for n in (False, True) for c in (False, True)]
+out["pbw"] = codegen.split_kernel_report(dataclasses.replace(small, prefetch_before_wait=2))
 out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True),
                        codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True)]
 print(json.dumps(out))
@@ -258,8 +259,9 @@ def test_gluon_cluster_merge_and_pdl_variants(reports):
     for r in reports["gluon_cluster"]:
         assert r["spill_bytes"] == 0 and r["shared"] <= codegen.GLUON_SMEM_LIMIT, r
         assert r["wgmma"] == 40 and 1 in r["cp_async_wait"] and r["cluster_barriers"] == 1, r
-        assert r["pdl"] == {"has_wait": True, "global_reads_before_wait": 0, "global_writes_before_wait": 0,
-                            "has_launch_dependents": True, "launch_dependents_after_wait": True}, r
+        assert r["pdl"] == {"has_wait": True, "global_reads_before_wait": 0, "l2_only_reads_before_wait": 0,
+                            "global_writes_before_wait": 0, "has_launch_dependents": True,
+                            "launch_dependents_after_wait": True}, r
     assert all(r["cluster_barriers"] == 0 and r["pdl"] is None for r in reports["gluon"])
     with pytest.raises(ValueError, match="cluster merges partials"):
         codegen.gluon_kernel_report(direct=True, cluster=2)
@@ -334,6 +336,17 @@ def test_warp_specialised_kernel_stores_rows_in_16_byte_vectors(reports):
         assert "st.global.v2.b32" not in r["global_stores"], r["global_stores"]
         assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and r["shared"] - plain["shared"] <= 256, (r["shared"], plain)
         assert r["spill_bytes"] <= 48 and r["pdl"]["global_reads_before_wait"] == 0, r
+
+
+def test_prefetch_before_wait_reads_only_through_l2_before_the_wait(reports):
+    """``prefetch_before_wait`` (opt-in): before its PDL wait the split kernel reads the metadata and issues
+    prefetches, all of them L2-only (``ld.global.cg``, ``prefetch.global.L2``): nothing stale can stay in L1 for
+    the loads after the wait; it writes nothing before the wait and still triggers its dependents after it. The
+    default small-batch tile reads nothing before its wait."""
+    r = reports["pbw"]
+    assert r["global_reads_before_wait"] > 0 and r["l2_only_reads_before_wait"] == r["global_reads_before_wait"], r
+    assert r["global_writes_before_wait"] == 0 and r["launch_dependents_after_wait"] and r["spill_bytes"] == 0, r
+    assert reports["16x64 w8 s3 ia pdl pdls"]["global_reads_before_wait"] == 0
 
 
 def test_gluon_kernel_with_32_token_tiles_in_four_buffers(reports):

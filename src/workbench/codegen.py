@@ -98,11 +98,15 @@ def pdl_report(ptx: str) -> dict[str, Any]:
     after the first wait: then a kernel that starts early behind this one knows that every kernel before this one
     has finished, which is what makes ``meta_before_wait`` safe when only the kernel right before it is known not
     to write the metadata). ``global_writes_before_wait``: stores and atomics before the first wait (the kernel
-    before may still read what they overwrite: always 0 here)."""
+    before may still read what they overwrite: always 0 here). ``l2_only_reads_before_wait``: those
+    of the reads before the wait that leave nothing in L1 (``ld.global.cg`` and ``prefetch.global.L2``; the
+    opt-in ``prefetch_before_wait`` reads only these, for prefetch addresses)"""
     wait = ptx.find("griddepcontrol.wait")
     trigger = ptx.find("griddepcontrol.launch_dependents")
+    before = ptx[:wait] if wait >= 0 else ptx
     return {"has_wait": wait >= 0,
-            "global_reads_before_wait": len(_GLOBAL_READ.findall(ptx[:wait] if wait >= 0 else ptx)),
+            "global_reads_before_wait": len(_GLOBAL_READ.findall(before)),
+            "l2_only_reads_before_wait": len(re.findall(r"\bld\.global\.cg\b|\bprefetch\.global\.L2\b", before)),
             "global_writes_before_wait": len(_GLOBAL_WRITE.findall(ptx[:wait] if wait >= 0 else ptx)),
             "has_launch_dependents": trigger >= 0,
             "launch_dependents_after_wait": trigger >= 0 and wait >= 0 and trigger > wait}
