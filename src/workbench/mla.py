@@ -359,6 +359,13 @@ def _prefetch_l1(ptrs):
 
 
 @triton.jit
+def _prefetch_rows_l2(rows):
+    """Ask L2 for whole 16-bit cache rows starting at ``rows`` (pointers): the nine 128-byte lines of 576 values."""
+    _prefetch_l2(rows[:, None] + (tl.arange(0, 8) * 64)[None, :])
+    _prefetch_l2(rows + 8 * 64)
+
+
+@triton.jit
 def _prefetch_indices(KV_INDICES, lo, hi, LEVEL: tl.constexpr):
     """Prefetch the lines of ``KV_INDICES[lo:hi]`` (128 bytes = 32 indices each) into L1 (LEVEL 1) or L2
     (LEVEL 2), so that each tile's index load in the loop hits a cache instead of DRAM: that load is on the
@@ -401,7 +408,7 @@ def _prefetch_before_wait(KV, KV_INDICES, KV_INDPTR, req, pid_s, num_splits, str
     to L2 only (``.cg``), so that no stale line is left in L1 for the loads after the wait (L2 is where the
     kernel before's writes become visible); every address is clamped into its tensor (``num_idx`` indices,
     ``num_rows`` cache rows), so stale values cannot fault; and a prefetch is a hint that writes no register.
-    16-bit rows: nine 128-byte lines each."""
+    16-bit rows (:func:`_prefetch_rows_l2`)."""
     kv_s = tl.load(KV_INDPTR + req, cache_modifier=".cg").to(tl.int64)
     s_k = tl.load(KV_INDPTR + req + 1, cache_modifier=".cg").to(tl.int64) - kv_s
     chunk = tl.cdiv(tl.cdiv(s_k, num_splits), BLOCK_N) * BLOCK_N
@@ -411,9 +418,7 @@ def _prefetch_before_wait(KV, KV_INDICES, KV_INDPTR, req, pid_s, num_splits, str
         pos = kv_s + cols
         ok = (cols < hi) & (pos >= 0) & (pos < num_idx)
         idx = tl.load(KV_INDICES + tl.where(ok, pos, 0), mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
-        row = KV + tl.minimum(tl.maximum(idx, 0), num_rows - 1) * stride_kv
-        _prefetch_l2(row[:, None] + (tl.arange(0, 8) * 64)[None, :])
-        _prefetch_l2(row + 8 * 64)
+        _prefetch_rows_l2(KV + tl.minimum(tl.maximum(idx, 0), num_rows - 1) * stride_kv)
 
 
 TRACE_TILES = tl.constexpr(60)  # tiles whose end time a traced program records (later tiles are not recorded)
@@ -604,7 +609,6 @@ def _mla_decode_split_kernel(
         if L2_AHEAD > 0:  # rows of tile i + L2_AHEAD prefetched into L2 (their indices loaded a tile earlier)
             far = cols_n + L2_AHEAD * BLOCK_N
             idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)  # row 0 where out of range
-            line = tl.arange(0, 8) * 64  # the first 8 of a 16-bit row's 9 lines of 128 bytes; the 9th below
         q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         for start in range(k_lo, k_hi, BLOCK_N):
@@ -624,9 +628,7 @@ def _mla_decode_split_kernel(
                     idx_n2 = idx_n3
                     idx_n3 = far_i
             if L2_AHEAD > 0:
-                far_row = KV + idx_far.to(tl.int64) * stride_kv
-                _prefetch_l2(far_row[:, None] + line[None, :])
-                _prefetch_l2(far_row + 8 * 64)
+                _prefetch_rows_l2(KV + idx_far.to(tl.int64) * stride_kv)
                 far = cols + (L2_AHEAD + 1) * BLOCK_N
                 idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)
             kv_row = KV + idx[:, None] * stride_kv
@@ -1029,7 +1031,6 @@ class TritonConfig:
     #                          compiled; the gluon kernel, and the Triton split kernel; partial row blocks store by
     #                          mask). Slower at every point of round 27 (B=16 L=4k +0.3-0.8 us; B=128 L=8k +5 %:
     #                          the Triton kernel's staging buffer leaves room for one program per SM, not two)
-
     prefetch_before_wait: int = 0  # Triton split kernel with pdl_split (not meta_before_wait), 16-bit: before its PDL
     #                                wait each program asks L2 for the rows of its first this-many tiles, found from
     #                                metadata read L2-only before the wait (possibly stale: used for addresses only,
@@ -1656,7 +1657,8 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     num_reqs = qo_indptr.numel() - 1
     total_rows = total_q * heads
     grid = (row_blocks, num_splits, num_reqs)
-    common = dict(NUM_HEADS=heads, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=mla_gluon.NUM_WARPS)
+    common = dict(NUM_HEADS=heads, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=mla_gluon.NUM_WARPS,
+                  COALESCED_STORE=cfg.coalesced_store)
     direct = num_splits == 1  # one split writes the final output; more write partials for the merge
     o_dst, lse_dst = (out, lse) if direct else (
         torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device),
@@ -1671,7 +1673,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
         from workbench import mla_gluon_ws
 
         compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
-            *head, *tail, DIRECT=direct, COALESCED_STORE=cfg.coalesced_store,
+            *head, *tail, DIRECT=direct,
             **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
     else:
         if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:
@@ -1686,8 +1688,6 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
                 return
         if cfg.tma_store and not direct:
             common.update(PART_DESC=mla_gluon.partial_descriptor(o_dst), TMA_STORE=True)
-        if cfg.coalesced_store:
-            common["COALESCED_STORE"] = True
         compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, BN=cfg.block_n,
                                                                   NBUF=cfg.num_stages, **common)
     _note_compiled(cfg, compiled)
