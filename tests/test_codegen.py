@@ -21,7 +21,7 @@ import torch
 from workbench import codegen, device, mla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "merge", "meta_before_wait", "no_pdl_split", "gluon",
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw")
 
@@ -46,6 +46,8 @@ out["expand"] = [codegen.expand_kernel_report(a) for a in ("gfx942", "gfx90a", "
 out["expand_pdl"] = codegen.expand_kernel_report("sm_90", pdl=True)
 out["expand_group"] = [codegen.expand_kernel_report(a, block_t=128, num_warps=1, group=8, pdl=a == "sm_90")
                        for a in ("gfx942", "sm_90")]
+out["expand_bcast"] = {f"{K}/{b}": codegen.expand_kernel_report("sm_90", num_warps=1, pdl=True, K=K, broadcast=b)
+                       for K in (16, 2048) for b in (False, True)}
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 # every (tile, splits loaded at once, warps) the second-kernel merge launches with for 2..32 splits of 65 to 4096 rows
 merge_cfg = mla.TritonConfig(16, 64, 8, 3)
@@ -205,6 +207,18 @@ def test_request_group_path_compiles_and_reads_nothing_before_its_wait(reports):
     assert hopper["launch_dependents_after_wait"], hopper
     # one warp: the group's cumsum and the prefix sum's reduction stay in the warp, no CTA barrier before a store
     assert hopper["barriers_before_first_store"] == 0, hopper
+
+
+def test_broadcast_blocks_loads_each_block_id_once(reports):
+    """``ExpandConfig.broadcast_blocks`` (rejected on the H200, opt-in): a one-warp program of 1024 tokens loads
+    the block id of every token without it (32 loads per lane per chunk, in each of the kernel's two chunk
+    paths), and each of the chunk's ids once with it (2 per lane at K = 16, 1 when the chunk lies inside one
+    block, K = 2048); launched with PDL it still reads nothing before its wait."""
+    r = reports["expand_bcast"]
+    for K in (16, 2048):
+        per_token, once = r[f"{K}/False"], r[f"{K}/True"]
+        assert once["global_loads"] * 4 <= per_token["global_loads"], (K, once, per_token)
+        assert once["has_wait"] and once["global_reads_before_wait"] == 0 and once["global_writes_before_wait"] == 0
 
 
 def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):

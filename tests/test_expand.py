@@ -89,6 +89,9 @@ CONFIGS = {
     # the prefix sum in a wide accumulator, 16-byte loads and a tail of at most 3 (one-warp programs)
     "chunk16-1warp-wide": E.ExpandConfig(block_t=16, num_warps=1, wide_prefix=True),
     "group4-chunk16-wide-u32": E.ExpandConfig(block_t=16, num_warps=1, group=4, wide_prefix=True, prefix_u32=True),
+    # one load per block id, broadcast over a (block_t // K, K) tile: K below, at and above the chunk width
+    "chunk16-bcast": E.ExpandConfig(block_t=16, broadcast_blocks=True),
+    "chunk32-stride2-1warp-bcast": E.ExpandConfig(block_t=32, max_chunk_programs=2, num_warps=1, broadcast_blocks=True),
 }
 
 
@@ -256,10 +259,11 @@ def test_a_bound_below_the_longest_request_is_slower_not_wrong(config, bound):
     assert (out[ref_indices.numel():] == SENTINEL).all()
 
 
-def _property(K, seq_lens, seed, block_t, stride_cap, group):
+def _property(K, seq_lens, seed, block_t, stride_cap, group, broadcast):
     block_table, lens, num_blocks = make_batch(seq_lens, K, seed=seed, pad_blocks=seed % 3)
     check_against_spec(block_table, lens, K, num_blocks=num_blocks,
-                       config=E.ExpandConfig(block_t=block_t, max_chunk_programs=stride_cap, group=group))
+                       config=E.ExpandConfig(block_t=block_t, max_chunk_programs=stride_cap, group=group,
+                                             broadcast_blocks=broadcast))
 
 
 if given is not None:
@@ -270,6 +274,7 @@ if given is not None:
         block_t=st.sampled_from([16, 64, 1024]),
         stride_cap=st.sampled_from([1, 3, 65535]),
         group=st.sampled_from([1, 2, 4, 8]),
+        broadcast=st.booleans(),
     )(_property))
 else:  # pragma: no cover
     @pytest.mark.skip(reason="hypothesis is not installed here (pip install hypothesis)")

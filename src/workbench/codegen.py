@@ -171,10 +171,12 @@ def _target(arch: str) -> tuple:
 
 
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
-                         pdl: bool = False, group: int = 1) -> dict[str, Any]:
-    """Compile the index-expansion kernel (``workbench.expand``, K = 16, chunks first, streaming stores) for
-    ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
+                         pdl: bool = False, group: int = 1, broadcast: bool = False, K: int = 16) -> dict[str, Any]:
+    """Compile the index-expansion kernel (``workbench.expand``, chunks first, streaming stores; kernel block size
+    ``K``) for ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
     ``group`` > 1: the path that packs that many requests into one program (``ExpandConfig.group``).
+    ``broadcast``: one load per block id (``ExpandConfig.broadcast_blocks``). On ``sm_90`` also
+    ``global_loads``: the ``ld.global`` instructions in the PTX (every path of the kernel, per thread).
 
     ``pdl`` (``sm_90`` only): compile it as launched with programmatic dependent launch, and also report
     ``global_loads_before_wait`` (``ld.global`` instructions in the PTX before its first ``griddepcontrol.wait``:
@@ -189,8 +191,8 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     from workbench import expand
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "num_reqs": "i32"}
-    consts = dict(K=16, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group)
+    consts = dict(K=K, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
+                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group, BCAST=broadcast and K & (K - 1) == 0)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       target, dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "group": group, "shared": kernel.metadata.shared,
@@ -198,6 +200,7 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     if arch == "sm_90":
         ptx = kernel.asm["ptx"]
         report.update(pdl_report(ptx))
+        report["global_loads"] = len(re.findall(r"\bld\.global\b", ptx))
         # the prefix sum of seq_lens stays inside each warp: no CTA barrier before the first store
         first_store = _GLOBAL_WRITE.search(ptx)
         report["barriers_before_first_store"] = len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b",

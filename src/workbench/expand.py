@@ -334,9 +334,43 @@ def _chunk_indices(row, max_blocks, tok0, K: tl.constexpr, BLOCK_T: tl.constexpr
 
 
 @triton.jit
-def _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T: tl.constexpr, STORE_CACHE: tl.constexpr):
+def _chunk_indices_bcast(row, max_blocks, tok0, K: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The same indices as :func:`_chunk_indices` (K a power of two), as a ``(BLOCK_T // KC, KC)`` tile with
+    ``KC = min(K, BLOCK_T)``: the chunk's block ids are loaded once each (a ``BLOCK_T // K``-long vector, or one
+    id when the chunk lies inside one block) and broadcast along the tile's rows, instead of one load per token
+    (32 scalar loads per lane for 1024 tokens on one warp, every 16 of them reading the same id at K = 16).
+    Element ``[i, j]`` is token ``tok0 + i * KC + j``: the tile is the chunk in row-major order."""
+    KC: tl.constexpr = K if K < BLOCK_T else BLOCK_T
+    NB: tl.constexpr = BLOCK_T // KC
+    b = tok0 // K + tl.arange(0, NB)  # tok0 is a multiple of BLOCK_T, so of K when K <= BLOCK_T
+    blk = tl.load(row + b, mask=b < max_blocks, other=0)
+    return (blk[:, None] * K + (tok0 % K) + tl.arange(0, KC)[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _chunk_lanes(K: tl.constexpr, BLOCK_T: tl.constexpr, BCAST: tl.constexpr):
+    """Token offsets ``0 .. BLOCK_T - 1`` within a chunk, in the shape of its index tile: 1-D, or the
+    ``(BLOCK_T // KC, KC)`` tile of :func:`_chunk_indices_bcast` (``BCAST``)."""
+    if BCAST:
+        KC: tl.constexpr = K if K < BLOCK_T else BLOCK_T
+        return tl.arange(0, BLOCK_T // KC)[:, None] * KC + tl.arange(0, KC)[None, :]
+    else:
+        return tl.arange(0, BLOCK_T)
+
+
+@triton.jit
+def _indices_of_chunk(row, max_blocks, tok0, K: tl.constexpr, BLOCK_T: tl.constexpr, BCAST: tl.constexpr):
+    if BCAST:
+        return _chunk_indices_bcast(row, max_blocks, tok0, K, BLOCK_T)
+    else:
+        return _chunk_indices(row, max_blocks, tok0, K, BLOCK_T)
+
+
+@triton.jit
+def _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T: tl.constexpr, STORE_CACHE: tl.constexpr,
+                 K: tl.constexpr = 1, BCAST: tl.constexpr = False):
     """Write the chunk's indices at ``kv_indices[start + tok0 :]``, only the tokens below ``seq_len``."""
-    lane = tl.arange(0, BLOCK_T)
+    lane = _chunk_lanes(K, BLOCK_T, BCAST)
     base = start + tok0  # int64: output position of token tok0 of this request
     if tok0 <= seq_len - BLOCK_T:  # a full chunk (written this way round so that it cannot overflow int32)
         if base % 4 == 0:  # 16-byte aligned: the stores can be 16-byte vector stores
@@ -451,6 +485,7 @@ def _expand_page_indices_kernel(
     GROUP: tl.constexpr = 1,  # requests per program (> 1: a (GROUP, BLOCK_T) tile, for many short requests)
     WIDE_PREFIX: tl.constexpr = False,  # the prefix sum in a BLOCK_R-wide accumulator (one-warp programs)
     SKIP_IDLE: tl.constexpr = False,  # chunk programs with nothing to store skip the prefix sum (not faster)
+    BCAST: tl.constexpr = False,  # one load per block id, broadcast over its tokens (K a power of two)
 ):
     # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
     # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
@@ -475,7 +510,7 @@ def _expand_page_indices_kernel(
         #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
         #    the two memory latencies overlap instead of adding up.
         tok0 = c * BLOCK_T
-        vals = _chunk_indices(row, max_blocks, tok0, K, BLOCK_T)
+        vals = _indices_of_chunk(row, max_blocks, tok0, K, BLOCK_T, BCAST)
 
         # 2. Where the request starts in kv_indices: start = sum(seq_lens[:r]), computed here so that the whole
         #    expansion is one launch (no separate cumsum). int64, so nothing wraps near sum(seq_lens) = 2**31 - 1.
@@ -495,11 +530,11 @@ def _expand_page_indices_kernel(
         # 3. Store; the full chunks of a request are unmasked (16-byte vector stores when the output position is
         #    a multiple of 4), only its last chunk is masked. Programs then stride over the request's other chunks
         #    (only when the grid's second dimension is capped below the request's chunk count).
-        _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T, STORE_CACHE)
+        _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T, STORE_CACHE, K, BCAST)
         for chunk in range(c + n_c, tl.cdiv(seq_len, BLOCK_T), n_c):
             tok = chunk * BLOCK_T
-            _store_chunk(kv_indices_ptr, _chunk_indices(row, max_blocks, tok, K, BLOCK_T), start, seq_len, tok,
-                         BLOCK_T, STORE_CACHE)
+            _store_chunk(kv_indices_ptr, _indices_of_chunk(row, max_blocks, tok, K, BLOCK_T, BCAST), start, seq_len,
+                         tok, BLOCK_T, STORE_CACHE, K, BCAST)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -524,6 +559,9 @@ class ExpandConfig:
     #                                 under a 128k bound 4.78 against 4.71 us, 16,384 x 32 6.66 against 6.83, tight
     #                                 bounds 0.06-0.18 us slower; one round), so off: the loose bound's cost is not
     #                                 those sums
+    broadcast_blocks: bool = False  # load each block id of a chunk once and broadcast it over its K tokens (a
+    #                                 (BLOCK_T // K, K) tile) instead of one load per token; K a power of two (other
+    #                                 K keep the per-token load); one-request programs only (group == 1)
 
     def __post_init__(self) -> None:
         for name in ("block_t", "num_warps", "group", "prefix_block"):
@@ -640,7 +678,7 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
         PREFIX_U32=config.prefix_u32, GROUP=config.group, WIDE_PREFIX=config.wide_prefix,
-        SKIP_IDLE=config.skip_idle_prefix,
+        SKIP_IDLE=config.skip_idle_prefix, BCAST=config.broadcast_blocks and K & (K - 1) == 0,
         num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 

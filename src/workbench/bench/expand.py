@@ -326,14 +326,18 @@ def probe_case(num_reqs: int, seq_len: int, round_: int, ragged: bool = False, K
 
 
 def time_expand_variants(num_reqs: int, seq_len: int, width: int, variants, round_: int = 0,
-                         K: int = K_DEFAULT) -> list[dict[str, Any]]:
+                         K: int = K_DEFAULT, ragged: bool = False) -> list[dict[str, Any]]:
     """The probes' measurement (``scripts/expand_*_probe.py``): one batch of ``num_reqs`` requests of ``seq_len``
     tokens whose block table is ``width`` tokens wide (as a graph sized by a loose bound would allocate it; the
     entries past each request's blocks hold block 0), and each ``(label, max_seq_len, config)`` of ``variants``
     (``config`` None: :func:`workbench.expand.expand_config`'s) timed under CUDA-graph replay and checked against
-    the dense torch expansion. Rows as :func:`workbench.bench.common.report_probe_rounds` reads them."""
+    the dense torch expansion. ``ragged``: lengths drawn uniformly from 1..``seq_len`` (seeded; the block table
+    keeps ``seq_len`` tokens of room). Rows as :func:`workbench.bench.common.report_probe_rounds` reads them."""
     device = require_gpu()
     block_table, seq_lens, _ = _make_inputs(num_reqs, seq_len, K, device)
+    if ragged:
+        g = torch.Generator(device=device).manual_seed(1234 + num_reqs)
+        seq_lens = torch.randint(1, seq_len + 1, (num_reqs,), generator=g, device=device, dtype=torch.int32)
     wide = torch.zeros(num_reqs, -(-max(width, seq_len) // K), dtype=torch.int32, device=device)
     wide[:, : block_table.shape[1]] = block_table
     ref_out, ref_indptr = E.expand_page_indices_dense(block_table, seq_lens, K)
@@ -348,7 +352,7 @@ def time_expand_variants(num_reqs: int, seq_len: int, width: int, variants, roun
         torch.cuda.synchronize()
         ok = bool(torch.equal(out, ref_out)) and bool(torch.equal(indptr, ref_indptr))
         rows.append(dict(round=round_, R=num_reqs, L=seq_len, bound=bound, label=label, us=us, agree=ok,
-                         config=dataclasses.asdict(used)))
+                         config=dataclasses.asdict(used), **({"ragged": True} if ragged else {})))
     del wide, block_table, out
     torch.cuda.empty_cache()
     return rows
