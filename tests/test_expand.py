@@ -263,7 +263,7 @@ def _property(K, seq_lens, seed, block_t, stride_cap, group, broadcast):
     block_table, lens, num_blocks = make_batch(seq_lens, K, seed=seed, pad_blocks=seed % 3)
     check_against_spec(block_table, lens, K, num_blocks=num_blocks,
                        config=E.ExpandConfig(block_t=block_t, max_chunk_programs=stride_cap, group=group,
-                                             broadcast_blocks=broadcast))
+                                             broadcast_blocks=broadcast and group == 1))
 
 
 if given is not None:
@@ -512,6 +512,11 @@ def test_loose_bound_expands_exactly(monkeypatch, bound_factor):
 def test_expand_config_rejects_bad_shapes(field, value):
     with pytest.raises(ValueError, match=f"ExpandConfig.{field} must be"):
         E.ExpandConfig(**{field: value})
+
+
+def test_broadcast_blocks_needs_one_request_per_program():
+    with pytest.raises(ValueError, match=r"broadcast_blocks applies to one-request programs: it needs group == 1"):
+        E.ExpandConfig(group=4, broadcast_blocks=True)
 
 
 def test_default_config_packs_many_short_requests(monkeypatch):

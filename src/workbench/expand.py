@@ -573,6 +573,9 @@ class ExpandConfig:
         if isinstance(self.max_chunk_programs, bool) or not isinstance(self.max_chunk_programs, int) \
                 or self.max_chunk_programs < 1:
             raise ValueError(f"ExpandConfig.max_chunk_programs must be an int >= 1, got {self.max_chunk_programs!r}")
+        if self.broadcast_blocks and self.group > 1:
+            raise ValueError(f"ExpandConfig.broadcast_blocks applies to one-request programs: it needs group == 1, "
+                             f"got group={self.group} (request groups load their (group, block_t) tile's ids as is)")
 
 
 # Output size (bytes) above which index stores stream past L2 (".cs"): the H200's L2 holds 50-60 MB.
