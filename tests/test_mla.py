@@ -970,6 +970,9 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert (large.block_n, large.num_warps, large.programs_per_sm) == (32, 4, 2)
     assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
     assert all(c.idx_ahead and c.pdl and c.pdl_split and not c.meta_before_wait for c in (small, large))
+    # 16-bit partials for the small-batch 16-row tile only (the large-batch tile was slower with them, round 29)
+    assert small.narrow_partials and not large.narrow_partials
+    assert not mla.triton_config(32, torch.bfloat16, mla.SMALL_BATCH_TOKENS, gluon=False).narrow_partials
     assert mla.triton_config(32, torch.bfloat16, gluon=False).block_m == 32
     assert mla.triton_config(33, torch.bfloat16, gluon=False).block_m == 64
     # more than 32 rows, 16-bit, on Hopper: the gluon kernel (asked for here; by default only where one is present)

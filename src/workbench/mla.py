@@ -1314,7 +1314,10 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
 
     * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 32-token tiles, 4 warps, 3 stages, two
       programs per SM; for small batches (at most ``SMALL_BATCH_TOKENS`` tokens) 16x64 tiles on 8 warps,
-      3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10);
+      3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10), with 16-bit partials
+      (``narrow_partials``; twelfth session, ``scripts/decode_small_narrow_probe.py``, 11 points, three rounds:
+      0.4-0.8 us faster at B=1, 0.5-1.2 at B=16 L=1k, 0.6 at B=32 L=1k, level at B=16 L=4k and L=8k, 0.3-0.5
+      us slower at B=64 L=4k of 91-94; the large-batch tile lost with them in round 29, so it keeps fp32);
     * 17 to 32 rows (16 heads x qlen 2, a one-token Eagle draft's verification) on an NVIDIA GPU of compute
       capability 9.0+ (``gluon``, None: when one is present), 16-bit: :data:`GLUON_WS_CONFIG`, whose 64-row
       programs are half empty here and still 10-25 % faster than the Triton 32-row tile at every point of round
@@ -1368,9 +1371,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
         return GLUON_WS_CONFIG
     if rows_per_req <= 32:
         block_m = 16 if rows_per_req <= 16 else 32
-        if small:
+        if small:  # 16 rows: 16-bit partials (twelfth session's small_narrow probe; 32 rows unmeasured)
             return TritonConfig(block_m=block_m, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1,
-                                idx_ahead=True, pdl=True, pdl_split=True)
+                                idx_ahead=True, pdl=True, pdl_split=True, narrow_partials=block_m == 16)
         return TritonConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=3, programs_per_sm=2,
                             idx_ahead=True, pdl=True, pdl_split=True)
     if gluon:
