@@ -1316,8 +1316,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       programs per SM; for small batches (at most ``SMALL_BATCH_TOKENS`` tokens) 16x64 tiles on 8 warps,
       3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10), with 16-bit partials
       (``narrow_partials``; twelfth session, ``scripts/decode_small_narrow_probe.py``, 11 points, three rounds:
-      0.4-0.8 us faster at B=1, 0.5-1.2 at B=16 L=1k, 0.6 at B=32 L=1k, level at B=16 L=4k and L=8k, 0.3-0.5
-      us slower at B=64 L=4k of 91-94; the large-batch tile lost with them in round 29, so it keeps fp32);
+      0.4-0.8 us faster at B=1 (at L=8k in two rounds of three), 0.5-1.2 at B=16 L=1k, 0.6 at B=32 L=1k, level
+      at B=16 L=4k and L=8k, 0.3-0.5 us slower at B=64 L=4k of 91-94; the large-batch tile lost with them in
+      round 29, so it keeps fp32);
     * 17 to 32 rows (16 heads x qlen 2, a one-token Eagle draft's verification) on an NVIDIA GPU of compute
       capability 9.0+ (``gluon``, None: when one is present), 16-bit: :data:`GLUON_WS_CONFIG`, whose 64-row
       programs are half empty here and still 10-25 % faster than the Triton 32-row tile at every point of round
