@@ -561,7 +561,9 @@ class ExpandConfig:
     #                                 those sums
     broadcast_blocks: bool = False  # load each block id of a chunk once and broadcast it over its K tokens (a
     #                                 (BLOCK_T // K, K) tile) instead of one load per token; K a power of two (other
-    #                                 K keep the per-token load); one-request programs only (group == 1)
+    #                                 K keep the per-token load); one-request programs only (group == 1). Not
+    #                                 faster on an H200 (twelfth session, the committed JSON's broadcast_probe: 256 x
+    #                                 4k 2.28-2.40 against 2.15-2.20 us, mixed elsewhere), so off
 
     def __post_init__(self) -> None:
         for name in ("block_t", "num_warps", "group", "prefix_block"):
