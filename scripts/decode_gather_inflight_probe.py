@@ -24,7 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 from workbench import mla
-from workbench.mla_gluon import _cta_barrier
+from workbench.mla_gluon import _cta_barrier, _gather_tile, program_range
 from workbench.bench import common
 from workbench.bench import decode as d
 
@@ -40,27 +40,18 @@ def _gather_stream_kernel(KV, KV_INDICES, KV_INDPTR, OUT, stride_kv, num_splits,
     ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_ROPE], gl.bfloat16)
     pid_s = gl.program_id(0)
     req = gl.program_id(1)
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-    kv_start = gl.load(KV_INDPTR + req)
-    s_k = gl.load(KV_INDPTR + req + 1) - kv_start
-    chunk = gl.cdiv(gl.cdiv(s_k, num_splits), BN) * BN
-    k_lo = pid_s * chunk
-    k_hi = gl.minimum(k_lo + chunk, s_k)
-    n_tiles = gl.maximum(gl.cdiv(k_hi - k_lo, BN), 0)
+    # the split kernels' prologue (PDL wait and trigger, this split's token range); no query here, so KV_INDPTR
+    # stands in for QO_INDPTR and the query range it returns is unused
+    _, _, kv_start, s_k, _, k_lo, k_hi, n_tiles = program_range(KV_INDPTR, KV_INDPTR, req, pid_s, num_splits, 1, BN,
+                                                                True)
     k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, D_LATENT], LAT_SL)
     k_rope_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, D_ROPE], ROPE_SL)
-    d_lat = gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, GATHER))
-    d_rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, GATHER))
     t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, GATHER))
     for j in gl.static_range(NBUF - 1):
         cols = k_lo + j * BN + t_off
         ok = cols < k_hi
         idx = gl.load(KV_INDICES + kv_start + cols, mask=ok, other=0)
-        row = KV + idx.to(gl.int64)[:, None] * stride_kv
-        cp.async_copy_global_to_shared(k_lat_s.index(j), row + d_lat[None, :], mask=ok[:, None])
-        cp.async_copy_global_to_shared(k_rope_s.index(j), row + D_LATENT + d_rope[None, :], mask=ok[:, None])
+        _gather_tile(k_lat_s.index(j), k_rope_s.index(j), KV, idx, ok, stride_kv, D_LATENT, D_ROPE, GATHER)
         cp.commit_group()
     cols1 = k_lo + (NBUF - 1) * BN + t_off
     idx1 = gl.load(KV_INDICES + kv_start + cols1, mask=cols1 < k_hi, other=0)
@@ -70,9 +61,7 @@ def _gather_stream_kernel(KV, KV_INDICES, KV_INDPTR, OUT, stride_kv, num_splits,
         nxt = (i + NBUF - 1) % NBUF
         cols_n = k_lo + (i + NBUF - 1) * BN + t_off
         ok_n = cols_n < k_hi
-        row = KV + idx1.to(gl.int64)[:, None] * stride_kv
-        cp.async_copy_global_to_shared(k_lat_s.index(nxt), row + d_lat[None, :], mask=ok_n[:, None])
-        cp.async_copy_global_to_shared(k_rope_s.index(nxt), row + D_LATENT + d_rope[None, :], mask=ok_n[:, None])
+        _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx1, ok_n, stride_kv, D_LATENT, D_ROPE, GATHER)
         cp.commit_group()
         cols_nn = cols_n + BN
         idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
