@@ -383,7 +383,8 @@ def test_spin_merge_config_is_checked():
 # The kernel variants the H200 sweeps tried (rounds 3-6 under `explore` in the decode JSON; all slower than
 # the defaults there, kept so that the measurements can be reproduced): each must still be exact.
 VARIANTS = {
-    "swap_ab": dict(swap_ab=True),
+    "swap_ab": dict(swap_ab=True, idx_ahead=False),  # the transposed products in the plain loop (rounds 3-7)
+    "swap_ab_idx_ahead": dict(swap_ab=True, idx_ahead=True),  # ... in the loop that loads indices a tile ahead
     "prefetch": dict(prefetch=True),
     "balanced": dict(balanced=True, merge_split_chunk=2),
     "max_regs": dict(max_regs=128, num_warps=4),  # a launch option (the interpreter ignores it)

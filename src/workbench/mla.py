@@ -399,6 +399,37 @@ def _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m
 
 
 @triton.jit
+def _load_q_t(q_row, row_ok, D_LATENT: tl.constexpr, D_ROPE: tl.constexpr):
+    """The query rows at ``q_row`` transposed: latent (512, BLOCK_M) and rope (64, BLOCK_M); 0 where not ``row_ok``."""
+    d_lat = tl.arange(0, D_LATENT)
+    d_rope = tl.arange(0, D_ROPE)
+    qt_lat = tl.load(q_row[None, :] + d_lat[:, None], mask=row_ok[None, :], other=0.0)
+    qt_rope = tl.load(q_row[None, :] + D_LATENT + d_rope[:, None], mask=row_ok[None, :], other=0.0)
+    return qt_lat, qt_rope
+
+
+@triton.jit
+def _softmax_tile_t(qt_lat, qt_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc_t,
+                    DOT_PRECISION: tl.constexpr):
+    """:func:`_softmax_tile` transposed (``swap_ab``): S^T = K q^T is (BLOCK_N keys, BLOCK_M rows) and
+    O^T = V^T P^T is (512, BLOCK_M), so the keys fill the matrix unit's M dimension (64 on Hopper's wgmma) and a
+    tile of 16 rows does not waste it; the same shared-memory K tile serves both products (once as is, once
+    transposed). Returns the transposed accumulator ``acc_t`` (512, BLOCK_M)."""
+    s = tl.dot(k_lat, qt_lat, input_precision=DOT_PRECISION)
+    s = tl.dot(k_rope, qt_rope, s, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+    s = s * qk_scale
+    visible = col_ok[:, None] & (cols[:, None] <= limit[None, :])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    acc_t = tl.dot(tl.trans(k_lat), p.to(k_lat.dtype), acc_t * alpha[None, :], input_precision=DOT_PRECISION)
+    return acc_t, m_new, l_i
+
+
+@triton.jit
 def _prefetch_before_wait(KV, KV_INDICES, KV_INDPTR, req, pid_s, num_splits, stride_kv, num_idx, num_rows,
                           BLOCK_N: tl.constexpr, TILES: tl.constexpr):
     """Before the PDL wait (the kernel before may still be writing the metadata): ask L2 for the cache rows of this
@@ -532,12 +563,8 @@ def _mla_decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     q_row = Q + grow * (D_LATENT + D_ROPE)
-    if SWAP_AB:
-        # Transposed: S^T = K q^T is (BLOCK_N keys, BLOCK_M rows) and O^T = V^T P^T is (512, BLOCK_M), so
-        # the keys fill the matrix unit's M dimension (64 on Hopper's wgmma) and a tile of 16 rows does not
-        # waste it; the same shared-memory K tile serves both products (once as is, once transposed).
-        qt_lat = tl.load(q_row[None, :] + d_lat[:, None], mask=row_ok[None, :], other=0.0)  # (512, BLOCK_M)
-        qt_rope = tl.load(q_row[None, :] + D_LATENT + d_rope[:, None], mask=row_ok[None, :], other=0.0)
+    if SWAP_AB and not IDX_AHEAD:  # the transposed products (_softmax_tile_t) in the plain loop
+        qt_lat, qt_rope = _load_q_t(q_row, row_ok, D_LATENT, D_ROPE)
         acc_t = tl.zeros([D_LATENT, BLOCK_M], dtype=tl.float32)
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
@@ -546,18 +573,8 @@ def _mla_decode_split_kernel(
             kv_row = KV + idx[:, None] * stride_kv
             k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 512): K and V
             k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
-            s = tl.dot(k_lat, qt_lat, input_precision=DOT_PRECISION)
-            s = tl.dot(k_rope, qt_rope, s, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
-            s = s * qk_scale
-            visible = col_ok[:, None] & (cols[:, None] <= limit[None, :])
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-            acc_t = tl.dot(tl.trans(k_lat), p.to(k_lat.dtype), acc_t * alpha[None, :], input_precision=DOT_PRECISION)
-            m_i = m_new
+            acc_t, m_i, l_i = _softmax_tile_t(qt_lat, qt_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i,
+                                              acc_t, DOT_PRECISION)
         acc = tl.trans(acc_t)
     elif PREFETCH:
         # Latency-bound short programs: each tile's rows wait on its indices, then on the gather. Here the
@@ -609,8 +626,12 @@ def _mla_decode_split_kernel(
         if L2_AHEAD > 0:  # rows of tile i + L2_AHEAD prefetched into L2 (their indices loaded a tile earlier)
             far = cols_n + L2_AHEAD * BLOCK_N
             idx_far = tl.load(KV_INDICES + kv_start + far, mask=far < k_hi, other=0)  # row 0 where out of range
-        q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
-        acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
+        if SWAP_AB:  # the transposed products (_softmax_tile_t), indices one tile ahead
+            qt_lat, qt_rope = _load_q_t(q_row, row_ok, D_LATENT, D_ROPE)
+            acc_t = tl.zeros([D_LATENT, BLOCK_M], dtype=tl.float32)
+        else:
+            q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
+            acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
         for start in range(k_lo, k_hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_ok = cols < k_hi
@@ -634,10 +655,16 @@ def _mla_decode_split_kernel(
             kv_row = KV + idx[:, None] * stride_kv
             k_lat = tl.load(kv_row + d_lat[None, :], mask=col_ok[:, None], other=0.0)
             k_rope = tl.load(kv_row + D_LATENT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
-            acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i, acc,
-                                          DOT_PRECISION)
+            if SWAP_AB:
+                acc_t, m_i, l_i = _softmax_tile_t(qt_lat, qt_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i,
+                                                  l_i, acc_t, DOT_PRECISION)
+            else:
+                acc, m_i, l_i = _softmax_tile(q_lat, q_rope, k_lat, k_rope, cols, col_ok, limit, qk_scale, m_i, l_i,
+                                              acc, DOT_PRECISION)
             if TRACE:
                 _trace_tile(trace, (start - k_lo) // BLOCK_N, l_i)
+        if SWAP_AB:
+            acc = tl.trans(acc_t)
     else:
         q_lat, q_rope = _load_q(q_row, row_ok, D_LATENT, D_ROPE)
         acc = tl.zeros([BLOCK_M, D_LATENT], dtype=tl.float32)
