@@ -11,10 +11,12 @@ gather (16-byte copies, zero-filled past the end), whose only work per tile is o
 memory into registers. ``NBUF`` buffers keep ``NBUF - 1`` tiles in flight. Launched back to back with PDL under
 CUDA-graph replay, as the decode is; three interleaved rounds; the copy bandwidth of the same run beside it.
 
-Run on an H200: PYTHONPATH=src python3 scripts/decode_gather_inflight_probe.py [OUT.json] [spin]
+Run on an H200: PYTHONPATH=src python3 scripts/decode_gather_inflight_probe.py [OUT.json] [first|spin|smem]
 
 ``spin``: the tile's math is stood in for by a busy wait of 0, 350 or 700 ns per tile (``%globaltimer``), with
 one and with two 64-token tiles in flight: whether the second tile in flight hides math that the first does not.
+``smem``: the tile is read from shared memory 1, 2 or 4 times per tile (a barrier between reads), with one and
+two tiles in flight: whether shared-memory reads at the decode's rate slow the stream.
 """
 import sys
 
@@ -33,7 +35,7 @@ POINTS = ((16, 4096, 8), (64, 32768, 2), (128, 8192, 1), (32, 1024, 4))  # batch
 
 @gluon.jit
 def _gather_stream_kernel(KV, KV_INDICES, KV_INDPTR, OUT, stride_kv, num_splits, spin_ns, BN: gl.constexpr,
-                          NBUF: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr):
+                          NBUF: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr, READS: gl.constexpr = 1):
     NW: gl.constexpr = gl.num_warps()
     GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
     LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_LATENT], gl.bfloat16)
@@ -67,7 +69,10 @@ def _gather_stream_kernel(KV, KV_INDICES, KV_INDPTR, OUT, stride_kv, num_splits,
         idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
         cp.wait_group(NBUF - 1)
         _cta_barrier()
-        acc = acc + k_lat_s.index(i % NBUF).load(GATHER)
+        for r in gl.static_range(READS):  # READS reads of the tile's latent part (a barrier between: not merged)
+            if r > 0:
+                _cta_barrier()
+            acc = acc + k_lat_s.index(i % NBUF).load(GATHER)
         if spin_ns > 0:  # stand-in for a tile's math: every thread waits spin_ns on %globaltimer
             _spin(spin_ns, NW)
     cp.wait_group(0)
@@ -85,18 +90,24 @@ def _spin(spin_ns, NW: gl.constexpr):
         "=l,l", [ns], dtype=gl.int64, is_pure=False, pack=1)
 
 
-def launcher(x, splits, bn, nbuf, warps, spin_ns=0):
+def launcher(x, splits, bn, nbuf, warps, spin_ns=0, reads=1):
     batch = x["kv_indptr"].numel() - 1
     out = torch.empty(batch * splits, dtype=torch.float32, device=x["kv_cache"].device)
     cache = x["kv_cache"]
     return lambda: _gather_stream_kernel[(splits, batch)](
-        cache, x["kv_indices"], x["kv_indptr"], out, cache.stride(0), splits, spin_ns, BN=bn, NBUF=nbuf,
+        cache, x["kv_indices"], x["kv_indptr"], out, cache.stride(0), splits, spin_ns, BN=bn, NBUF=nbuf, READS=reads,
         D_LATENT=mla.KV_LORA_RANK, D_ROPE=mla.QK_ROPE_HEAD_DIM, num_warps=warps, launch_pdl=True)
 
 
-VARIANTS = ((64, 2, 8, 0), (64, 3, 8, 0), (64, 3, 4, 0), (32, 3, 8, 0), (32, 4, 8, 0), (32, 6, 8, 0), (32, 6, 4, 0))
+# (tokens per tile, buffers, warps, spin ns, tile reads): first run, the stream alone
+VARIANTS = ((64, 2, 8, 0, 1), (64, 3, 8, 0, 1), (64, 3, 4, 0, 1), (32, 3, 8, 0, 1), (32, 4, 8, 0, 1), (32, 6, 8, 0, 1),
+            (32, 6, 4, 0, 1))
 # second run (``spin``): a tile's math stood in for by a wait of 0.35 or 0.7 us, one or two tiles in flight
-SPIN_VARIANTS = tuple((64, nbuf, 8, ns) for ns in (0, 350, 700) for nbuf in (2, 3))
+SPIN_VARIANTS = tuple((64, nbuf, 8, ns, 1) for ns in (0, 350, 700) for nbuf in (2, 3))
+# third run (``smem``): the tile read from shared memory 1, 2 or 4 times (64, 128 or 256 KB per 64-token tile; the
+# small-batch Triton tile's loop issues 74 16x16 ldmatrix.x4 per warp per tile, about 300 KB on 8 warps)
+SMEM_VARIANTS = tuple((64, nbuf, 8, 0, reads) for reads in (1, 2, 4) for nbuf in (2, 3))
+MODES = {"first": VARIANTS, "spin": SPIN_VARIANTS, "smem": SMEM_VARIANTS}
 
 
 def main():
@@ -104,7 +115,8 @@ def main():
     copy = common.copy_bandwidth()
     pool = d.CachePool(max(b * l for b, l, _ in POINTS), torch.bfloat16, dev)
     rows = []
-    variants = SPIN_VARIANTS if sys.argv[2:] == ["spin"] else VARIANTS
+    mode = (sys.argv[2:] or ["first"])[0]
+    variants = MODES[mode]
     inputs = {p: d.make_inputs(pool, 16, 1, p[0], p[1], seed=p[0]) for p in POINTS}
     for rnd in range(3):
         for (b, l, s) in POINTS:
@@ -115,17 +127,19 @@ def main():
                 x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], 1, out=out))
             rows.append(dict(round=rnd, batch=b, context=l, splits=None, label="library decode", us=lib,
                              gb_s=nbytes / lib / 1e3))
-            for bn, nbuf, warps, spin in variants:
-                us = common.time_cuda_graph(launcher(x, s, bn, nbuf, warps, spin))
+            for bn, nbuf, warps, spin, reads in variants:
+                us = common.time_cuda_graph(launcher(x, s, bn, nbuf, warps, spin, reads))
                 rows.append(dict(round=rnd, batch=b, context=l, splits=s, us=us, gb_s=nbytes / us / 1e3,
-                                 label=f"gather {bn}x{nbuf} w{warps}" + (f" spin {spin} ns" if spin else "")))
+                                 label=f"gather {bn}x{nbuf} w{warps}" + (f" spin {spin} ns" if spin else "")
+                                 + (f" reads {reads}" if reads > 1 else "")))
             print(*(f"B{r['batch']:3d} L{r['context']:6d} {r['label']:22s} {r['us']:8.2f} us {r['gb_s']:7.0f} GB/s"
                     for r in rows[-1 - len(variants):]), sep="\n", flush=True)
     print(f"copy {copy['gb_s']:.0f} GB/s")
     if sys.argv[1:]:
         common.write_json(sys.argv[1], dict(benchmark="mla_decode_gather_inflight_probe",
                                             provenance=common.provenance(
-                                                "PYTHONPATH=src python3 scripts/decode_gather_inflight_probe.py OUT.json" + (" spin" if variants is SPIN_VARIANTS else "")),
+                                                "PYTHONPATH=src python3 scripts/decode_gather_inflight_probe.py OUT.json"
+                                                + ("" if mode == "first" else f" {mode}")),
                                             ceilings={"copy": copy}, rows=rows))
 
 
