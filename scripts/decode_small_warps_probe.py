@@ -6,7 +6,11 @@ default, each also with 16-bit partials (``narrow_partials``), at the 16-head ql
 tile; three interleaved rounds under CUDA-graph replay, the cost model's split count; the outputs of the default
 and the 16-warp variant compared bit for bit.
 
-Run on an H200: PYTHONPATH=src python3 scripts/decode_small_warps_probe.py [OUT.json]
+Run on an H200: PYTHONPATH=src python3 scripts/decode_small_warps_probe.py [OUT.json] [w4]
+
+``w4``: the default (8 warps, since the committed run of this session with 16-bit partials) against 4 warps, which
+spill 20 bytes on Triton 3.7.1 (255 registers) but load the query's fragments on half as many warps: each warp of
+the tile reloads the whole query from shared memory for every tile (round 34's third run).
 """
 import dataclasses
 import sys
@@ -18,13 +22,19 @@ POINTS = ((16, 1, 16, 4096), (16, 1, 32, 1024), (16, 1, 16, 8192), (16, 1, 8, 40
           (16, 1, 64, 1024))
 
 
+def variants_w4(base: mla.TritonConfig) -> list[tuple[str, mla.TritonConfig]]:
+    return [("default", base), ("w4", dataclasses.replace(base, num_warps=4))]
+
+
 def variants(base: mla.TritonConfig) -> list[tuple[str, mla.TritonConfig]]:
+    base = dataclasses.replace(base, narrow_partials=False)  # as the first run measured it (before the change)
     return [("default", base), ("w16", dataclasses.replace(base, num_warps=16)),
             ("narrow", dataclasses.replace(base, narrow_partials=True)),
             ("w16_narrow", dataclasses.replace(base, num_warps=16, narrow_partials=True))]
 
 
 if __name__ == "__main__":
-    d.variant_probe(POINTS, variants, "mla_decode_small_warps_probe",
-                    "PYTHONPATH=src python3 scripts/decode_small_warps_probe.py OUT.json", (sys.argv[1:] or [None])[0],
-                    same=("default", "w16"))
+    w4 = sys.argv[2:] == ["w4"]
+    d.variant_probe(POINTS, variants_w4 if w4 else variants, "mla_decode_small_warps_probe",
+                    "PYTHONPATH=src python3 scripts/decode_small_warps_probe.py OUT.json" + (" w4" if w4 else ""),
+                    (sys.argv[1:] or [None])[0], same=("default", "w4" if w4 else "w16"))
