@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 from workbench import mla
-from workbench.mla_gluon import _cta_barrier, _gather_tile, program_range
+from workbench.mla_gluon import _cta_barrier, _gather_tile, issue_first_tiles, program_range
 from workbench.bench import common
 from workbench.bench import decode as d
 
@@ -48,15 +48,8 @@ def _gather_stream_kernel(KV, KV_INDICES, KV_INDPTR, OUT, stride_kv, num_splits,
                                                                 True)
     k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, D_LATENT], LAT_SL)
     k_rope_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, D_ROPE], ROPE_SL)
-    t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, GATHER))
-    for j in gl.static_range(NBUF - 1):
-        cols = k_lo + j * BN + t_off
-        ok = cols < k_hi
-        idx = gl.load(KV_INDICES + kv_start + cols, mask=ok, other=0)
-        _gather_tile(k_lat_s.index(j), k_rope_s.index(j), KV, idx, ok, stride_kv, D_LATENT, D_ROPE, GATHER)
-        cp.commit_group()
-    cols1 = k_lo + (NBUF - 1) * BN + t_off
-    idx1 = gl.load(KV_INDICES + kv_start + cols1, mask=cols1 < k_hi, other=0)
+    t_off, idx1 = issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN, NBUF,
+                                    D_LATENT, D_ROPE, GATHER)
     acc = gl.zeros([BN, D_LATENT], gl.bfloat16, layout=GATHER)
     for i in range(n_tiles):
         _cta_barrier()

@@ -37,8 +37,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait
 
 __all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "PARTIAL_LAYOUT", "cluster_capacity",
-           "cluster_merge_layout", "launch_clustered", "mla_decode_gluon_split_kernel", "partial_descriptor",
-           "staging_buffer", "store_rows_coalesced"]
+           "cluster_merge_layout", "issue_first_tiles", "launch_clustered", "mla_decode_gluon_split_kernel",
+           "partial_descriptor", "staging_buffer", "store_rows_coalesced"]
 
 BLOCK_M = 64  # folded rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64  # cache rows (tokens) per tile
@@ -98,6 +98,23 @@ def _gather_tile(k_lat_buf, k_rope_buf, KV, idx, ok, stride_kv, D_LATENT: gl.con
     row = KV + idx.to(gl.int64)[:, None] * stride_kv
     cp.async_copy_global_to_shared(k_lat_buf, row + d_lat[None, :], mask=ok[:, None])
     cp.async_copy_global_to_shared(k_rope_buf, row + D_LATENT + d_rope[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN: gl.constexpr,
+                      NBUF: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr, GATHER: gl.constexpr):
+    """The start of the gather pipeline: the copies of tiles 0 .. NBUF-2 of this split (``k_lo .. k_hi`` of the
+    request's tokens from ``kv_start``) into buffers 0 .. NBUF-2, one ``cp.async`` group each, and the indices of
+    tile NBUF-1. Returns ``(t_off, idx)``: the token offsets of a tile (``arange(BN)``) and those indices."""
+    t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, GATHER))
+    for j in gl.static_range(NBUF - 1):
+        cols_j = k_lo + j * BN + t_off
+        ok_j = cols_j < k_hi
+        idx_j = gl.load(KV_INDICES + kv_start + cols_j, mask=ok_j, other=0)
+        _gather_tile(k_lat_s.index(j), k_rope_s.index(j), KV, idx_j, ok_j, stride_kv, D_LATENT, D_ROPE, GATHER)
+        cp.commit_group()
+    cols1 = k_lo + (NBUF - 1) * BN + t_off
+    return t_off, gl.load(KV_INDICES + kv_start + cols1, mask=cols1 < k_hi, other=0)
 
 
 @gluon.jit
@@ -242,15 +259,8 @@ def mla_decode_gluon_split_kernel(
         cp.async_copy_global_to_shared(q_rope_s, q_base + D_LATENT + d_rope_g[None, :], mask=g_row_ok[:, None])
 
         # tiles 0 .. NBUF-2 (one copy group each, the query in the first), and the indices of tile NBUF-1
-        t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, GATHER))
-        for j in gl.static_range(NBUF - 1):
-            cols_j = k_lo + j * BN + t_off
-            ok_j = cols_j < k_hi
-            idx_j = gl.load(KV_INDICES + kv_start + cols_j, mask=ok_j, other=0)
-            _gather_tile(k_lat_s.index(j), k_rope_s.index(j), KV, idx_j, ok_j, stride_kv, D_LATENT, D_ROPE, GATHER)
-            cp.commit_group()
-        cols1 = k_lo + (NBUF - 1) * BN + t_off
-        idx1 = gl.load(KV_INDICES + kv_start + cols1, mask=cols1 < k_hi, other=0)
+        t_off, idx1 = issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN, NBUF,
+                                        D_LATENT, D_ROPE, GATHER)
 
         # softmax state in the S layout's rows; the output accumulator in O's layout
         s_rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, S_L))
