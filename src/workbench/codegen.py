@@ -192,7 +192,7 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "num_reqs": "i32"}
     consts = dict(K=K, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group, BCAST=broadcast and K & (K - 1) == 0)
+                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group, BCAST=expand.broadcast_applies(broadcast, K))
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       target, dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "group": group, "shared": kernel.metadata.shared,

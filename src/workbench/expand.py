@@ -664,6 +664,12 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
                         group=group, prefix_u32=group > 1)
 
 
+def broadcast_applies(broadcast_blocks: bool, K: int) -> bool:
+    """Whether the kernel takes the one-load-per-block-id path (``ExpandConfig.broadcast_blocks``): only for a
+    power-of-two ``K`` (the ``(block_t // K, K)`` tile needs one); other ``K`` keep the per-token load."""
+    return broadcast_blocks and K & (K - 1) == 0
+
+
 GRID_AXIS1_MAX = 65535  # CUDA's limit on grid axis 1 (axis 0 allows 2**31 - 1)
 
 
@@ -683,7 +689,7 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
         K=K, BLOCK_T=config.block_t, BLOCK_R=block_r, PREFIX_LOOP=num_reqs > block_r, INDPTR_IN=indptr_in,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
         PREFIX_U32=config.prefix_u32, GROUP=config.group, WIDE_PREFIX=config.wide_prefix,
-        SKIP_IDLE=config.skip_idle_prefix, BCAST=config.broadcast_blocks and K & (K - 1) == 0,
+        SKIP_IDLE=config.skip_idle_prefix, BCAST=broadcast_applies(config.broadcast_blocks, K),
         num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 
