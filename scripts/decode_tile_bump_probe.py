@@ -40,7 +40,7 @@ def main():
     d.matmul_tflops()  # clocks out of idle
     pool = d.CachePool(16 * 8192, torch.bfloat16, dev)
     sm = mla._sm_count(dev)
-    base = mla.triton_config(16, torch.bfloat16, 16 * 4096, num_reqs=16, sm_count=sm)
+    base = mla.triton_config(16, torch.bfloat16, 16 * 4096, gluon=False)  # the traced Triton tile
     variants = [
         ("default L4k", base, 4096, None),
         ("mbw L4k", dataclasses.replace(base, meta_before_wait=True), 4096, None),

@@ -15,7 +15,7 @@ sys.path.insert(0, "tests")
 from test_mla import check_against_golden, make_case  # noqa: E402
 
 dev = common.require_gpu()
-base = mla.triton_config(16, torch.bfloat16, 65536)
+base = mla.triton_config(16, torch.bfloat16, 65536, gluon=False)  # the Triton tile (the fused merge is its mode)
 variants = {"second-kernel merge": base, "fused merge": dataclasses.replace(base, fused_merge=True)}
 for name, cfg in variants.items():  # correctness first
     case = make_case([1] * 5, [4099, 1, 100, 2000, 37], 16, dtype=torch.bfloat16, device="cuda", seed=5)
@@ -33,7 +33,7 @@ for rnd in range(3):
         x = d.make_inputs(pool, h, q, b, l, seed=7)
         out = torch.empty(b * q, h, 512, dtype=torch.bfloat16, device=dev)
         a = (x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], q, mla.default_sm_scale())
-        cfg0 = mla.triton_config(q * h, torch.bfloat16, b * l)
+        cfg0 = d.pre_swap_config(q * h, b * l, b, mla._sm_count(dev))  # the defaults when this probe ran
         splits = mla.default_splits(cfg0, b, 1, b * l, mla._sm_count(dev))
         row = dict(round=rnd, heads=h, qlen=q, batch=b, context=l, splits=splits, config=cfg0.label)
         for name, cfg in (("second-kernel merge", cfg0), ("fused merge", dataclasses.replace(cfg0, fused_merge=True))):

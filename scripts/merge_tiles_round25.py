@@ -25,7 +25,7 @@ for rnd in range(3):
     for h, q, b, l in points:
         x = d.make_inputs(pool, h, q, b, l, seed=3)
         out = torch.empty(b * q, h, 512, dtype=torch.bfloat16, device=dev)
-        base = mla.triton_config(q * h, torch.bfloat16, b * l, num_reqs=b, sm_count=sms)
+        base = d.pre_swap_config(q * h, b * l, b, sms)  # the defaults when this probe ran
         splits = mla.default_splits(base, b, -(-q * h // base.block_m), b * l, sms)
         row = dict(round=rnd, heads=h, qlen=q, batch=b, context=l, splits=splits, config=base.label,
                    auto_tile="x".join(map(str, base.merge_tile(b * q * h, splits))))

@@ -15,7 +15,7 @@ for rnd in range(3):
         x = d.make_inputs(pool, h, q, b, l, seed=7)
         out = torch.empty(b * q, h, 512, dtype=torch.bfloat16, device=dev)
         a = (x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], q, mla.default_sm_scale())
-        cfg = mla.triton_config(q * h, torch.bfloat16, b * l)
+        cfg = d.pre_swap_config(q * h, b * l, b, mla._sm_count(dev))  # the defaults when this probe ran
         s = mla.default_splits(cfg, b, 1, b * l, mla._sm_count(dev))
         row = dict(round=rnd, heads=h, qlen=q, batch=b, context=l, splits=s, config=cfg.label)
         for name, ld in (("trigger when pdl_split (new)", lambda v: v), ("no trigger with one split (old)", None)):

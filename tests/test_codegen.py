@@ -23,7 +23,7 @@ from workbench import codegen, device, mla
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
-                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw")
+                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -72,6 +72,8 @@ out["gluon_cst"] = [codegen.gluon_kernel_report(heads=16, pdl=True, coalesced_st
 out["pbw"] = codegen.split_kernel_report(dataclasses.replace(small, prefetch_before_wait=2))
 out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True),
                        codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True)]
+out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d, narrow=not d), block_m=bm, direct=d)
+                     for bm in (16, 32) for d in (False, True)]
 print(json.dumps(out))
 """
 
@@ -372,3 +374,24 @@ def test_gluon_kernel_with_32_token_tiles_in_four_buffers(reports):
         assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and r["spill_bytes"] == 0, r
         assert 3 in r["cp_async_wait"] and r["pdl"]["global_reads_before_wait"] == 0, r
     assert plain["tma_stores"] == 0 and tma["tma_stores"] == 2, tma
+
+
+def test_gluon_swap_kernel_reads_operands_once_and_keeps_a_tile_in_flight(reports):
+    """The swapped gluon kernel (the library's default for at most 32 rows on Hopper): no spills, shared memory
+    within an H100/H200's 227 KB, one program per SM's worth (over half of it); 68 wgmma (36 for ``S^T = K q^T``,
+    32 for ``O^T = V^T P^T``) of shape m64n<rows>k16, no ``ldmatrix`` (every product reads its operands from shared
+    memory itself, once per tile), the next tile's copies in flight during a tile's math, and (PDL) no global read
+    before the wait."""
+    rs = reports["gluon_swap"]
+    assert len(rs) == 4
+    for r in rs:
+        label = f"gluon_swap {r['block_m']} rows direct={r['direct']}"
+        assert r["spill_bytes"] == 0 and r["regs"] <= 255, (label, r)
+        assert codegen.GLUON_SMEM_LIMIT // 2 < r["shared"] <= codegen.GLUON_SMEM_LIMIT, (label, r["shared"])
+        assert r["wgmma"] == 68 and r["wgmma_shapes"] == [f"m64n{r['block_m']}k16"], (label, r)
+        assert r["ldmatrix"] == 0, (label, r["ldmatrix"])
+        assert r["cp_async_wait"] == [0, 1], (label, r["cp_async_wait"])
+        assert r["pdl"]["has_wait"] and r["pdl"]["global_reads_before_wait"] == 0, (label, r["pdl"])
+        assert r["pdl"]["launch_dependents_after_wait"], (label, r["pdl"])
+    with pytest.raises(ValueError, match="block_m must be one of"):
+        codegen.gluon_swap_kernel_report(block_m=64)

@@ -894,6 +894,51 @@ def test_gluon_config_is_checked():
                                   case["kv_indices"], 1, 0.07, config=GLUON)
 
 
+GLUON_SWAP = mla.TritonConfig(16, 64, 4, 2, programs_per_sm=1, pdl=True, pdl_split=True, gluon_swap=True)
+# (block_m, heads, query lengths) of the swapped gluon kernel's golden tests: one or several 16- or 32-row blocks
+# per request, partly empty blocks, ragged and causal query lengths
+GLUON_SWAP_CASES = [(16, 16, [1, 1, 1]), (16, 128, [1, 1, 1]), (16, 16, [2, 1, 3]), (16, 16, [16, 7, 1]),
+                    (32, 16, [2, 2, 2]), (32, 16, [3, 1, 4]), (32, 8, [1, 1, 1])]
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_m,heads,qo_lens", GLUON_SWAP_CASES)
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("variant", ["fp32", "narrow", "no_pdl"])
+def test_gluon_swap_kernel_matches_golden(block_m, heads, qo_lens, num_splits, dtype, variant):
+    """The swapped gluon split kernel (``S^T = K q^T`` and ``O^T = V^T P^T`` on wgmma, tokens as M): 16- and
+    32-row programs, several row blocks per request and partly empty ones, ragged and causal query lengths,
+    splits that are empty or end inside a tile, lengths 1..4099, NaN in every unused cache row, against the
+    golden; fp32 or 16-bit partials, with and without the PDL launches; graph replays bit-exact."""
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=block_m + heads + num_splits)
+    cfg = dataclasses.replace(GLUON_SWAP, block_m=block_m, narrow_partials=variant == "narrow",
+                              pdl=variant != "no_pdl", pdl_split=variant != "no_pdl")
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+
+
+def test_gluon_swap_config_is_checked():
+    assert GLUON_SWAP.label.startswith("gswap 16x64 w4 s2")
+    for bad in (dict(block_m=64), dict(block_n=32), dict(num_warps=8), dict(num_stages=3)):
+        with pytest.raises(ValueError, match="gluon_swap needs block_m 16 or 32, block_n=64"):
+            dataclasses.replace(GLUON_SWAP, **bad)
+    for other in (dict(idx_ahead=True), dict(swap_ab=True), dict(fused_merge=True), dict(tma_store=True),
+                  dict(max_regs=128), dict(spin_merge=True)):
+        with pytest.raises(ValueError, match="gluon_swap replaces the split kernel"):
+            dataclasses.replace(GLUON_SWAP, **other)
+    with pytest.raises(ValueError):  # gluon=True with a 16-row tile is refused by either rule
+        dataclasses.replace(GLUON_SWAP, gluon=True)
+    if not ON_GPU:
+        case = make_case([1], [5], 16, dtype=torch.float16, device=DEV)
+        with pytest.raises(ValueError, match=r"TritonConfig\(gluon_swap=True\) needs compiled Triton on an NVIDIA"):
+            mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                  case["kv_indices"], 1, 0.07, config=GLUON_SWAP)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA or ROCm GPU (compiled Triton)")
 def test_gpu_steps_expand_then_decode_in_one_graph():
@@ -965,11 +1010,11 @@ def test_triton_gpu_fp32_every_row_class(qlen):
 
 def test_default_configs_follow_the_batch_size(monkeypatch):
     monkeypatch.setattr(mla.device, "interpreter_active", lambda: False)
-    small = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS)
-    large = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS + 1)
+    small = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS, gluon=False)
+    large = mla.triton_config(16, torch.bfloat16, mla.SMALL_BATCH_TOKENS + 1, gluon=False)
     assert (small.block_n, small.num_warps, small.programs_per_sm) == (64, 8, 1)
     assert (large.block_n, large.num_warps, large.programs_per_sm) == (32, 4, 2)
-    assert mla.triton_config(16, torch.bfloat16) == large  # unknown size: the large-batch config
+    assert mla.triton_config(16, torch.bfloat16, gluon=False) == large  # unknown size: the large-batch config
     assert all(c.idx_ahead and c.pdl and c.pdl_split and not c.meta_before_wait for c in (small, large))
     # 16-bit partials for the small-batch 16-row tile only (the large-batch tile was slower with them, round 29)
     assert small.narrow_partials and not large.narrow_partials
@@ -986,7 +1031,8 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert mla.triton_config(128, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
     assert mla.triton_config(64, torch.bfloat16, 16 * 4096, num_reqs=16, **ws) == mla.GLUON_CONFIG
     assert mla.triton_config(64, torch.bfloat16, 64 * 4096, **ws) == mla.GLUON_CONFIG  # no num_reqs: the plain one
-    assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws).gluon is False  # 16 rows: Triton
+    # at most 32 rows, 16-bit, on Hopper: the swapped gluon kernel at any batch size (thirteenth session)
+    assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_SWAP_CONFIG
     assert not mla.prefer_gluon_ws(0, 0, 1, 132) and not mla.prefer_gluon_ws(4096, 0, 1, 132)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs sm_count"):
@@ -996,10 +1042,16 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
         # the two kernels share the split count, so the rule's tokens per program are the ws kernel's
         assert splits == mla.default_splits(mla.GLUON_WS_CONFIG, b, rb, b * l, 132)
         assert mla.prefer_gluon_ws(b * l, b, rb, 132) == (l / splits >= mla.GLUON_WS_MIN_TOKENS)
-    # 17-32 rows (qlen 2 at 16 heads), 16-bit, on Hopper: the warp-specialised gluon kernel at any size (round 31)
+    # 17-32 rows (qlen 2 at 16 heads): the same kernel with 32-row blocks, at any size
     for rows, tokens, reqs in ((32, 16 * 4096, 16), (17, 64 * 32768, 64), (32, 4096, 1), (32, None, None)):
-        assert mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=reqs, **ws) == mla.GLUON_WS_CONFIG
-    assert not mla.triton_config(16, torch.bfloat16, 4096, num_reqs=1, **ws).gluon  # 16 rows: the Triton tile
+        cfg = mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=reqs, **ws)
+        assert cfg == mla.gluon_swap_config(rows) == dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=32)
+    for rows, tokens in ((1, 4096), (16, None), (16, 16 * 4096)):
+        assert mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=1, **ws) == mla.GLUON_SWAP_CONFIG
+    assert mla.GLUON_SWAP_CONFIG.narrow_partials and mla.GLUON_SWAP_CONFIG.pdl_split
+    for bad in (0, 33):
+        with pytest.raises(ValueError, match="the swapped gluon kernel takes 1 to 32 rows"):
+            mla.gluon_swap_config(bad)
     assert not mla.triton_config(32, torch.float16, gluon=False).gluon
     assert not mla.triton_config(64, torch.float32, gluon=True).gluon  # fp32: the Triton tile
     assert not mla.triton_config(64, torch.bfloat16, backend="hip", gluon=True).gluon  # ROCm tiles

@@ -342,6 +342,30 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
                 pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
 
 
+def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", block_m: int = 16,
+                             pdl: bool = True, narrow: bool = True) -> dict[str, Any]:
+    """Compile :mod:`workbench.mla_gluon_swap`'s split kernel (``block_m`` 16 or 32 folded rows as wgmma's N) for
+    Hopper on any machine and report ``regs``, ``spill_bytes``, ``shared`` (bytes), ``wgmma`` (36 for
+    ``S^T = K q^T`` over 576 values in k-steps of 16, 32 for ``O^T = V^T P^T``: 8 blocks of 64 output columns x 4
+    k-steps of 16 tokens), ``wgmma_shapes`` (the instruction names: ``m64n<block_m>k16``), ``ldmatrix`` (shared
+    memory read into registers by ``ldmatrix``: none, every product reads its operands from shared memory
+    itself), ``cp_async_wait`` (1 in the loop: the next tile in flight while this one is used) and, with ``pdl``,
+    :func:`pdl_report` of its PTX. ``narrow``: partials in ``dtype`` (as :data:`workbench.mla.GLUON_SWAP_CONFIG`)."""
+    import triton
+    from workbench import mla_gluon_swap
+
+    if block_m not in mla_gluon_swap.ROW_BLOCKS:
+        raise ValueError(f"block_m must be one of {mla_gluon_swap.ROW_BLOCKS}, got {block_m}")
+    extra = {"OUT": f"*{dtype}"} if narrow and not direct else {}
+    _, ptx, report = _compile_gluon(mla_gluon_swap.mla_decode_gluon_swap_kernel, dtype, direct,
+                                    dict(NUM_HEADS=heads, PDL=pdl, BR=block_m), dict(num_warps=mla_gluon_swap.NUM_WARPS),
+                                    "gluon_swap", extra)
+    return dict(report, wgmma_shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)),
+                cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
+                pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
+
+
 def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", coalesced_store: bool = False,
                            narrow: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report

@@ -60,6 +60,7 @@ __all__ = [
     "DecodeExample",
     "DecodeOutput",
     "GLUON_CONFIG",
+    "GLUON_SWAP_CONFIG",
     "PageIndexMistake",
     "TritonConfig",
     "aiter_unsupported_reasons",
@@ -69,6 +70,7 @@ __all__ = [
     "default_splits",
     "default_sm_scale",
     "gluon_available",
+    "gluon_swap_config",
     "demo_page_indices_as_token_indices",
     "make_decode_example",
     "mla_decode",
@@ -1068,8 +1070,23 @@ class TritonConfig:
     #                                contiguous bytes per warp store) instead of from the wgmma accumulator layout
     #                                (8 rows x 32 bytes per warp store). Round 32: level alone with fp32 partials,
     #                                9-15 % faster at small calls with narrow_partials (in GLUON_CONFIG)
+    gluon_swap: bool = False  # the split kernel of workbench.mla_gluon_swap (Hopper, 16-bit, 16 or 32 rows x 64
+    #                           tokens on one warpgroup): the products transposed on wgmma (tokens as M), so the
+    #                           query and each tile are read from shared memory once per tile (thirteenth session)
 
     def __post_init__(self) -> None:
+        if self.gluon_swap and ((self.block_m not in (16, 32)) or (self.block_n, self.num_warps, self.num_stages)
+                                != (64, 4, 2)):
+            raise ValueError(f"gluon_swap needs block_m 16 or 32, block_n=64, num_warps=4 and num_stages=2 (the tile "
+                             f"workbench.mla_gluon_swap has), got {self.block_m}x{self.block_n} w{self.num_warps} "
+                             f"s{self.num_stages}")
+        if self.gluon_swap and (self.gluon or self.balanced or self.fused_merge or self.meta_before_wait
+                                or self.idx_ahead or self.warp_specialize or self.swap_ab or self.prefetch
+                                or self.spin_merge or self.split_merge or self.tma_store or self.coalesced_store
+                                or self.prefetch_before_wait or self.max_regs is not None):
+            raise ValueError("gluon_swap replaces the split kernel: gluon (and its modes), balanced, fused_merge, "
+                             "meta_before_wait, idx_ahead, warp_specialize, swap_ab, prefetch, spin_merge, "
+                             "split_merge, tma_store, prefetch_before_wait and max_regs do not apply to it")
         if self.prefetch_before_wait and (self.prefetch_before_wait < 0 or not self.pdl_split or self.meta_before_wait
                                           or self.gluon or self.balanced):
             raise ValueError(f"prefetch_before_wait is {self.prefetch_before_wait}; it must be >= 0, and above 0 only "
@@ -1172,11 +1189,11 @@ class TritonConfig:
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
                 self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
-                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait)
+                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait, self.gluon_swap)
 
     @property
     def label(self) -> str:
-        return (("gluon " if self.gluon else "") + ("bal " if self.balanced else "") + ("swap " if self.swap_ab else "")
+        return (("gluon " if self.gluon else "") + ("gswap " if self.gluon_swap else "") + ("bal " if self.balanced else "") + ("swap " if self.swap_ab else "")
                 + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
                 + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "") + (str(self.idx_dist) if self.idx_dist > 1 else "")
@@ -1206,6 +1223,7 @@ class TritonConfig:
 
 
 _RESOURCES: dict[tuple, tuple[int, int]] = {}  # config -> (registers/thread, shared bytes)
+RESOURCE_LABELS: dict[tuple, str] = {}  # config key -> its label (the whole config, for reports)
 
 
 def _record_resources(config: TritonConfig, compiled: Any) -> None:
@@ -1216,6 +1234,7 @@ def _record_resources(config: TritonConfig, compiled: Any) -> None:
         key = config.key
         old = _RESOURCES.get(key, (0, 0))
         _RESOURCES[key] = (max(old[0], n_regs), max(old[1], smem))
+        RESOURCE_LABELS[key] = config.label
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -1290,6 +1309,24 @@ GLUON_CONFIG = TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, p
                             pdl_split=True, gluon=True, narrow_partials=True, coalesced_store=True)
 
 
+# At most 32 rows (16 heads x qlen 1 or 2), 16-bit, on Hopper: the swapped gluon kernel (workbench.mla_gluon_swap,
+# thirteenth session, scripts/decode_gluon_swap_probe.py, three rounds on an H200): tokens as wgmma's M, the query and
+# each tile read from shared memory once per tile. Faster than the defaults before it at all 16 points measured:
+# qlen 1 B=16 L=4k 28.2-28.8 against 30.6-31.2 us, B=1 L=32k 21.6-21.7 against 26.9-27.4, B=64 L=32k 573-578
+# against 595-601, B=128 L=8k 291-292 against 305-311; qlen 2 (against GLUON_WS_CONFIG) B=16 L=4k 30.3-30.5 against
+# 34.6-35.0. 16-bit partials; block_m 32 for 17-32 rows (gluon_swap_config).
+GLUON_SWAP_CONFIG = TritonConfig(block_m=16, block_n=64, num_warps=4, num_stages=2, programs_per_sm=1, pdl=True,
+                                 pdl_split=True, narrow_partials=True, gluon_swap=True)
+
+
+def gluon_swap_config(rows_per_req: int) -> TritonConfig:
+    """:data:`GLUON_SWAP_CONFIG` with the row block that holds ``rows_per_req`` folded rows: 16 up to 16 rows, 32
+    up to 32 (more rows: the 64-row gluon kernels, where the query is as large as a tile)."""
+    if not 1 <= rows_per_req <= 32:
+        raise ValueError(f"rows_per_req is {rows_per_req}; the swapped gluon kernel takes 1 to 32 rows per request")
+    return GLUON_SWAP_CONFIG if rows_per_req <= 16 else dataclasses.replace(GLUON_SWAP_CONFIG, block_m=32)
+
+
 # The warp-specialised gluon kernel (workbench.mla_gluon_ws) for calls whose programs each take at least
 # GLUON_WS_MIN_TOKENS KV tokens (round 23, 53 points on a second H200, two rounds each: 5-12 % faster at every
 # point with >= 2048 tokens per program, within 1 % or faster at 1024; at 512 and 256 mixed, up to 9 % slower,
@@ -1339,6 +1376,12 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     shared-memory buffer (the gather of tile i+1 waited on its index load and was issued only after tile i was
     computed), with it the gather is double-buffered (round 8, +6 % bandwidth at B=64 L=32k).
 
+    * up to 32 rows (16 heads x qlen 1 or 2) on an NVIDIA GPU of compute capability 9.0+ (``gluon``, None: when
+      one is present), 16-bit: :func:`gluon_swap_config`, the swapped split kernel of
+      :mod:`workbench.mla_gluon_swap` (thirteenth session, ``scripts/decode_gluon_swap_probe.py``, 16 points,
+      three rounds: faster at every one, e.g. qlen 1 B=16 L=4k 28.2-28.8 against 30.6-31.2 us, B=64 L=32k
+      573-578 against 595-601, qlen 2 B=16 L=4k 30.3-30.5 against 34.6-35.0); elsewhere (``gluon=False``, ROCm,
+      older Triton) the Triton tiles of the next three items;
     * up to 16 rows (16 heads x qlen 1, memory-bound): 16-row x 32-token tiles, 4 warps, 3 stages, two
       programs per SM; for small batches (at most ``SMALL_BATCH_TOKENS`` tokens) 16x64 tiles on 8 warps,
       3 stages, one program per SM, whose shorter programs finish sooner (rounds 9-10), with 16-bit partials
@@ -1346,13 +1389,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       0.4-0.8 us faster at B=1 (at L=8k in two rounds of three), 0.5-1.2 at B=16 L=1k, 0.6 at B=32 L=1k, level
       at B=16 L=4k and L=8k, 0.3-0.5 us slower at B=64 L=4k of 91-94; the large-batch tile lost with them in
       round 29, so it keeps fp32);
-    * 17 to 32 rows (16 heads x qlen 2, a one-token Eagle draft's verification) on an NVIDIA GPU of compute
-      capability 9.0+ (``gluon``, None: when one is present), 16-bit: :data:`GLUON_WS_CONFIG`, whose 64-row
-      programs are half empty here and still 10-25 % faster than the Triton 32-row tile at every point of round
-      31 (``scripts/decode_gluon_qlen2_probe.py``: B=16 L=4k 34.4-35.9 against 41.4-42.8 us, B=64 L=32k 672-681
-      against 876-885, B=1 L=4k 13.9-15.0 against 15.8-17.3), also where its programs take fewer than
-      :data:`GLUON_WS_MIN_TOKENS` tokens;
-    * up to 32 rows otherwise: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3);
+    * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3). (From round 31 to the
+      twelfth session 17-32 rows on Hopper took :data:`GLUON_WS_CONFIG`, whose half-empty 64-row programs were
+      10-25 % faster than these tiles, ``scripts/decode_gluon_qlen2_probe.py``; the swapped kernel replaced it.)
     * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``), 16-bit:
       :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
       198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
@@ -1395,8 +1434,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
         return TritonConfig(block_m=16 if rows_per_req <= 16 else 32, block_n=32, num_warps=4, num_stages=3,
                             programs_per_sm=1, idx_ahead=True, pdl=True, pdl_split=True)
     small = total_tokens is not None and total_tokens <= SMALL_BATCH_TOKENS
-    if gluon and 16 < rows_per_req <= 32:  # round 31: 10-25 % faster than the 32-row tile at every point
-        return GLUON_WS_CONFIG
+    if gluon and rows_per_req <= 32:  # thirteenth session: faster than the tiles below at all 16 points measured
+        return gluon_swap_config(rows_per_req)
     if rows_per_req <= 32:
         block_m = 16 if rows_per_req <= 16 else 32
         if small:  # 16 rows: 16-bit partials (twelfth session's small_narrow probe; 32 rows unmeasured)
@@ -1545,6 +1584,11 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             raise ValueError("trace is not available for the gluon split kernel (it is not instrumented)")
         _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks)
         return out, lse
+    if cfg.gluon_swap:
+        if trace is not None:
+            raise ValueError("trace is not available for the gluon_swap split kernel (it is not instrumented)")
+        _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks)
+        return out, lse
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and device.pdl_available(q.device)
     pdl_split = cfg.pdl_split and device.pdl_available(q.device)
@@ -1676,12 +1720,7 @@ def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cf
 
 def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks) -> None:
     """The split kernel of :mod:`workbench.mla_gluon`, then (more than one split) the second-kernel merge."""
-    if not device.sm90_or_newer(q.device):
-        raise ValueError(f"TritonConfig(gluon=True) needs compiled Triton on an NVIDIA GPU of compute capability "
-                         f"9.0 or newer (it is written with Hopper's wgmma); this call runs on {q.device} with the "
-                         f"interpreter {'on' if device.interpreter_active() else 'off'}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"TritonConfig(gluon=True) takes float16 or bfloat16 q, got {q.dtype}")
+    _check_gluon_call(q, "gluon")
     from workbench import mla_gluon
 
     total_q, heads, _ = q.shape
@@ -1725,6 +1764,43 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     if not direct:
         merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
         if common.get("PDL"):  # the next call's split kernel waits for the merge: let it launch early
+            merge_opts["LAUNCH_DEPENDENTS"] = True
+        _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
+
+
+def _check_gluon_call(q: torch.Tensor, what: str) -> None:
+    if not device.sm90_or_newer(q.device):
+        raise ValueError(f"TritonConfig({what}=True) needs compiled Triton on an NVIDIA GPU of compute capability "
+                         f"9.0 or newer (it is written with Hopper's wgmma); this call runs on {q.device} with the "
+                         f"interpreter {'on' if device.interpreter_active() else 'off'}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"TritonConfig({what}=True) takes float16 or bfloat16 q, got {q.dtype}")
+
+
+def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits,
+                       row_blocks) -> None:
+    """The split kernel of :mod:`workbench.mla_gluon_swap`, then (more than one split) the second-kernel merge."""
+    _check_gluon_call(q, "gluon_swap")
+    from workbench import mla_gluon_swap
+
+    total_q, heads, _ = q.shape
+    num_reqs = qo_indptr.numel() - 1
+    total_rows = total_q * heads
+    direct = num_splits == 1  # one split writes the final output; more write partials for the merge
+    o_dst, lse_dst = (out, lse) if direct else (
+        torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device),
+        torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
+    opts: dict[str, Any] = {}
+    if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
+        opts.update(PDL=True, launch_pdl=True)
+    compiled = mla_gluon_swap.mla_decode_gluon_swap_kernel[(row_blocks, num_splits, num_reqs)](
+        q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, cache.stride(0), total_rows, scale * _LOG2E,
+        num_splits, NUM_HEADS=heads, DIRECT=direct, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, BR=cfg.block_m,
+        num_warps=mla_gluon_swap.NUM_WARPS, **opts)
+    _note_compiled(cfg, compiled)
+    if not direct:
+        merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
+        if opts.get("PDL"):  # the next call's split kernel waits for the merge: let it launch early
             merge_opts["LAUNCH_DEPENDENTS"] = True
         _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
 
@@ -2048,7 +2124,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata
                                      metadata.max_qo_len, sm_scale)
         # what that call launched (the same host-side choice, made again after its input checks)
         cfg, splits = triton_launch_plan(q, metadata.qo_indptr, metadata.kv_indices, metadata.max_qo_len)
-        kernel = "gluon, warp-specialised" if cfg.gluon_ws else "gluon" if cfg.gluon else "triton"
+        kernel = ("gluon, warp-specialised" if cfg.gluon_ws else "gluon" if cfg.gluon
+                  else "gluon, swapped" if cfg.gluon_swap else "triton")
         return DecodeOutput(out, lse, "triton",
                             f"{reason}; {kernel} split kernel {cfg.label}, {splits} split{'s' if splits > 1 else ''}")
     out, lse, persistent = mla_decode_aiter(q, kv_cache, metadata, sm_scale)

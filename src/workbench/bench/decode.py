@@ -362,7 +362,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("gluon pdls cm", dataclasses.replace(pdls, cluster_merge=True))]
         big_points = [((128, 1, 64, 4096), [None]), ((16, 6, 16, 4096), [None])]
         big_points += [((16, q, b, l), [None]) for q in (4, 8) for b, l in QLEN_PAIRS]
-        mem = [(f"16 default B{b} L{l}", _fp32_partials(mla.triton_config(16, bf, b * l))) for b, l in QLEN_PAIRS]
+        mem = [(f"16 default B{b} L{l}", _fp32_partials(mla.triton_config(16, bf, b * l, gluon=False))) for b, l in QLEN_PAIRS]
         cases = [(lab, cfg, (16, 1, b, l), [None]) for (lab, cfg), (b, l) in zip(mem, QLEN_PAIRS)]
         cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
         cases.append(big[0] + ((16, 4, 16, 4096), [None]))  # again at the end: run-to-run drift
@@ -376,7 +376,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("gluon 64x64 w8", dataclasses.replace(GLUON_BEFORE_ROUND32, pdl_split=False))]  # as round 20 ran it
         big_points = [((128, 1, 64, 4096), [None])] + [((16, q, b, l), [None]) for q in (4, 8)
                                                          for b, l in QLEN_PAIRS]
-        mem = [(f"16 default B{b} L{l}", _fp32_partials(mla.triton_config(16, bf, b * l))) for b, l in QLEN_PAIRS]
+        mem = [(f"16 default B{b} L{l}", _fp32_partials(mla.triton_config(16, bf, b * l, gluon=False))) for b, l in QLEN_PAIRS]
         cases = [(lab, cfg, (16, 1, b, l), [None]) for (lab, cfg), (b, l) in zip(mem, QLEN_PAIRS)]
         cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
         cases.append(big[0] + big_points[0])  # the default again at the end: run-to-run drift
@@ -385,7 +385,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # The trace: the merge adds 3.0 us after the last split program exits at B=16 L=4k, 2.5 us of it
         # after its PDL wait, for 4 MB of partials. Other merge tiles (rows x columns per program).
         bf = torch.bfloat16
-        small = dataclasses.replace(_fp32_partials(mla.triton_config(16, bf, 65536)), merge_block_r=16,
+        small = dataclasses.replace(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), merge_block_r=16,
                                     merge_block_d=32)
         mem = [("16 small", small)]
         for br, bd in ((16, 16), (8, 32), (8, 64), (32, 16), (16, 64), (8, 16)):
@@ -400,8 +400,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # previous kernel still runs.
         bf = torch.bfloat16
         mem = []
-        for cfg in (_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536))),
-                    _before_pdls(mla.triton_config(16, bf))):
+        for cfg in (_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False))),
+                    _before_pdls(mla.triton_config(16, bf, gluon=False))):
             p = dataclasses.replace(cfg, pdl_split=True)
             mem += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -419,9 +419,9 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # same iteration as the gather that needs it, from DRAM. Here the split's indices are prefetched into
         # L1 or L2 before the loop, so those loads hit a cache.
         bf = torch.bfloat16
-        small = dataclasses.replace(_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536))),
+        small = dataclasses.replace(_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False))),
                                     pdl_split=True)
-        large = _before_pdls(mla.triton_config(16, bf))
+        large = _before_pdls(mla.triton_config(16, bf, gluon=False))
         mem = [("16 small pdls", small)]
         mem += [(c.label, c) for c in (dataclasses.replace(small, idx_prefetch=1), dataclasses.replace(small, idx_prefetch=2),
                                        dataclasses.replace(small, block_n=32, num_stages=5, idx_prefetch=1),
@@ -441,7 +441,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # 74 KB, in the small-batch default); indices 2-3 tiles ahead had broken the pipeline. Deeper
         # 32-token pipelines, all with pdls (round 15: -1 us at B=16 L=4k, neutral elsewhere).
         bf = torch.bfloat16
-        small = dataclasses.replace(_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536))), pdl_split=True)
+        small = dataclasses.replace(_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False))), pdl_split=True)
         mem = [("16 small pdls", small)]
         for w, st in ((8, 4), (8, 5), (8, 6), (4, 5), (4, 6)):
             cfg = dataclasses.replace(small, block_n=32, num_warps=w, num_stages=st)
@@ -456,8 +456,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # 2-3 tiles ahead so that a deeper pipeline can issue the row gather further ahead; and PDL launches of
         # the split kernel too (pdls).
         bf = torch.bfloat16
-        small = _before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536)))
-        large = _before_pdls(mla.triton_config(16, bf))
+        small = _before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)))
+        large = _before_pdls(mla.triton_config(16, bf, gluon=False))
         ps = dict(pdl_split=True)
         mem = [("16 small", small), ("16 small pdls", dataclasses.replace(small, **ps))]
         for w, st, dist in ((8, 4, 2), (8, 5, 3), (4, 4, 2), (4, 5, 3), (8, 3, 1)):
@@ -476,7 +476,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
     elif round_ == 14:
         bf = torch.bfloat16
         fz = dict(fused_merge=True, merge_overhead_tokens=0, merge_tokens_per_split=32)
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536)), mla.triton_config(16, bf)
+        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
         mem = [("16 small", small), ("16 small fused", dataclasses.replace(small, **fz)),
                ("16 large", large), ("16 large fused", dataclasses.replace(large, **fz))]
         mem_points = [((16, 1, 16, 4096), [None, 8]), ((16, 1, 64, 4096), [None]), ((16, 1, 64, 32768), [None]),
@@ -487,7 +487,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         old = mem[0]
     elif round_ == 13:
         bf = torch.bfloat16
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536)), mla.triton_config(16, bf)
+        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
         mem = [("16 small", small), ("16 large", large)]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
@@ -497,7 +497,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         old = mem[0]
     elif round_ == 12:
         bf = torch.bfloat16
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536)), mla.triton_config(16, bf)
+        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
         mem = [("16 small", small)] + [(f"16 small l2+{d}", dataclasses.replace(small, l2_ahead=d)) for d in (2, 3, 5)]
         mem += [("16 large", large)] + [(f"16 large l2+{d}", dataclasses.replace(large, l2_ahead=d)) for d in (2, 4, 6)]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -510,7 +510,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
     elif round_ == 11:
         bf = torch.bfloat16
         nopdl = dict(pdl=False)
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536)), mla.triton_config(16, bf)
+        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
         mem = [("16 small", small), ("16 small no pdl", dataclasses.replace(small, **nopdl)),
                ("16 large", large), ("16 large no pdl", dataclasses.replace(large, **nopdl))]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -756,18 +756,35 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         **mla.split_kernel_options(cfg, heads, x["q"].dtype, pool.device)))
 
 
+def pre_swap_config(rows: int, tokens: int, batch: int, sm_count: int, *,
+                    triton_up_to_32_rows: bool = False) -> mla.TritonConfig:
+    """The library's bf16 config before the thirteenth session made the swapped gluon kernel the default for at
+    most 32 rows: the Triton tiles up to 16 rows (and up to 32 with ``triton_up_to_32_rows``: before round 31),
+    the warp-specialised gluon kernel for 17-32 rows on Hopper (round 31), :func:`mla.triton_config` above. The
+    baseline of the probes written before that change, which therefore still measure what they measured."""
+    if rows <= (32 if triton_up_to_32_rows else 16):
+        return mla.triton_config(rows, torch.bfloat16, tokens, gluon=False)
+    if rows <= 32 and mla.gluon_available():
+        return mla.GLUON_WS_CONFIG
+    return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm_count)
+
+
 def variant_probe(points: tuple[tuple[int, int, int, int], ...],
                   variants: Callable[[mla.TritonConfig], list[tuple[str, mla.TritonConfig]]], benchmark: str,
                   command: str, out: str | None = None, rounds: int = 3, same: tuple[str, str] | None = None,
-                  own_splits: bool = False, triton_up_to_32_rows: bool = False, log=print) -> list[dict]:
-    """Time the library's config at each ``(heads, qlen, batch, context)`` point against ``variants(config)``
+                  own_splits: bool = False, triton_up_to_32_rows: bool = False,
+                  base_config: Callable[[int, int, int, int], mla.TritonConfig] | None = None,
+                  log=print) -> list[dict]:
+    """Time a baseline config at each ``(heads, qlen, batch, context)`` point against ``variants(config)``
     (``(name, config)`` pairs, the first the baseline) under CUDA-graph replay, bf16, the cost model's split
     count, ``rounds`` interleaved rounds. Each row holds ``<name>_us`` per variant and ``identical`` (the
     outputs of the two variants named in ``same``, else of the first two, equal bit for bit) or ``max_diff``
     (their largest difference) where they differ. ``own_splits``: each variant runs with the cost model's split
     count for its own config (``splits_<name>``), not the baseline's. ``triton_up_to_32_rows``: the baseline of
     points of at most 32 rows is the Triton tile, as the library chose before round 31 (the probes written
-    before it). Writes JSON with provenance to ``out``."""
+    before it). ``base_config(rows, tokens, batch, sm_count)``: the baseline (default: :func:`pre_swap_config`, the
+    library's config when the probes before the thirteenth session were written). Writes JSON with provenance to
+    ``out``."""
     dev = common.require_gpu()
     matmul_tflops()  # clocks out of idle
     copy = common.copy_bandwidth()
@@ -777,8 +794,8 @@ def variant_probe(points: tuple[tuple[int, int, int, int], ...],
     for rnd in range(rounds):
         for h, q, b, l in points:
             x = make_inputs(pool, h, q, b, l, seed=h * 1000 + q * 100 + b)
-            gluon = False if triton_up_to_32_rows and q * h <= 32 else None
-            base = mla.triton_config(q * h, torch.bfloat16, b * l, num_reqs=b, sm_count=sm, gluon=gluon)
+            base = (base_config(q * h, b * l, b, sm) if base_config is not None
+                    else pre_swap_config(q * h, b * l, b, sm, triton_up_to_32_rows=triton_up_to_32_rows))
             splits = mla.default_splits(base, b, -(-q * h // base.block_m), b * l, sm)
             row: dict[str, Any] = dict(round=rnd, heads=h, qlen=q, batch=b, context=l, splits=splits,
                                        config=base.label)
@@ -816,10 +833,11 @@ def trace_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int
     times them), each writing %globaltimer stamps into its own buffers (``mla_decode_triton(trace=)``).
     Returns the point, the config, the per-call time with and without the stamps (graph replay), the
     :func:`summarize_trace` of the calls, and the raw stamps of call ``keep_call`` (default: the middle one)
-    relative to that call's first split-kernel entry, for a timeline figure."""
+    relative to that call's first split-kernel entry, for a timeline figure. Default config: the library's for
+    the Triton kernel (``gluon=False``): only the Triton split kernel and the merge are instrumented."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
     cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
-                                      sm_count=mla._sm_count(pool.device))
+                                      sm_count=mla._sm_count(pool.device), gluon=False)
     row_blocks = -(-qlen * heads // cfg.block_m)
     splits = num_splits or mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
     out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
@@ -954,7 +972,7 @@ def explain_fixed_cost(out: str, log=print) -> None:
     dev = common.require_gpu()
     matmul_tflops()  # clocks out of idle
     copy = common.copy_bandwidth()
-    cfg = mla.triton_config(16, torch.bfloat16)
+    cfg = mla.triton_config(16, torch.bfloat16, gluon=False)  # round 3: the Triton kernel
     pool = CachePool(128 * 16384, torch.bfloat16, dev)
     rows: list[dict[str, Any]] = []
 
@@ -1157,9 +1175,8 @@ def run(*, grid: list[tuple[int, int, int, int]], do_tune: bool, with_torch: boo
         formulas={"kv_bytes": "batch * context * 576 * 2", "flops": "batch * 2 * heads * qlen * context * (576 + 512)",
                   "kv_gb_s": "kv_bytes / time", "tflops": "flops / time"},
         ceilings=ceilings, chosen_configs={k: dataclasses.asdict(v) for k, v in (chosen or {}).items()},
-        kernel_resources={mla.TritonConfig(*k[:4], swap_ab=k[4], prefetch=k[5], balanced=k[6], max_regs=k[7],
-                                           warp_specialize=k[8]).label:
-                          {"regs": v[0], "shared_bytes": v[1]} for k, v in mla._RESOURCES.items()},
+        kernel_resources={mla.RESOURCE_LABELS[k]: {"regs": v[0], "shared_bytes": v[1]}
+                          for k, v in mla._RESOURCES.items()},
         tuning=tuning, results=results, bars=bars,
     )
 

@@ -1,0 +1,162 @@
+"""A Gluon split kernel for memory-bound MLA decode with few rows per request (16 heads x qlen 1), Hopper only.
+
+Chapter 3's round 34 found where the qlen-1 small-batch Triton tile (16 rows x 64 tokens, 8 warps, ``mma.sync``)
+loses time against a kernel that only streams the rows: its loop reads about 300 KB of shared memory per tile
+with ``ldmatrix``, half of it the 16-row query, which every one of the 8 warps reloads for its 8 tokens. This
+kernel puts the tokens where ``wgmma`` wants its 64 rows instead (``swap AB``):
+
+* ``S^T = K q^T``: A is the tile of 64 cache rows (tokens x 576, straight from the gather buffer), B the query
+  (rows x 576; N = 16 or 32 folded rows). One warpgroup reads the tile and the query once each;
+* ``O^T += V^T P^T``: A is the same buffer's first 512 columns read transposed (``wgmma`` takes 16-bit A in
+  either major order from shared memory), B the 64 x rows probabilities, stored to a 2 KB shared buffer;
+* the online softmax runs along the tokens (axis 0 of ``S^T``), the output accumulator is ``(512, rows)``.
+
+About 170 KB of shared-memory reads per tile (72 KB + 64 KB of cache rows, the query, P once per 64 output
+columns) instead of about 300 KB, on 4 warps (one warpgroup: the M of both products is a multiple of 64). The
+gather pipeline (``cp.async`` rows by index, zero-filled past the end, two tile buffers, indices one tile ahead)
+and the prologue are :mod:`workbench.mla_gluon`'s. The partial outputs have the Triton split kernel's format, so
+:func:`workbench.mla.mla_decode_triton`'s merge kernel combines them. NVIDIA sm_90 only, 16-bit dtypes only;
+chosen by ``TritonConfig(gluon=True, gluon_swap=True)``.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from workbench.mla_gluon import _cta_barrier, _gather_tile, issue_first_tiles, program_range
+
+__all__ = ["BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "ROW_BLOCKS", "mla_decode_gluon_swap_kernel"]
+
+BLOCK_N = 64  # cache rows (tokens) per tile: wgmma's M
+NUM_BUFFERS = 2  # tile buffers (a third does not fit beside the query: 3 x 73.7 KB + 18.4 KB > 227 KB)
+NUM_WARPS = 4  # one warpgroup
+ROW_BLOCKS = (16, 32)  # folded rows per program (wgmma's N)
+
+
+@gluon.jit
+def _softmax_step_t(s, cols, k_hi, limit, qk_scale, m_prev, l_prev):
+    """:func:`workbench.mla_gluon.online_softmax_step` for a transposed ``(tokens, rows)`` tile: keys along
+    axis 0. Returns ``(p, m_new, alpha, l_new)``; rows that saw no key yet keep max -inf, sum 0, ``alpha`` 0."""
+    visible = (cols[:, None] < k_hi) & (cols[:, None] <= limit[None, :])
+    s = gl.where(visible, s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_prev, gl.max(s, axis=0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[None, :])
+    alpha = gl.exp2(m_prev - m_safe)
+    return p, m_new, alpha, l_prev * alpha + gl.sum(p, axis=0)
+
+
+@gluon.jit
+def mla_decode_gluon_swap_kernel(
+    Q,  # (total_q * H, 576) 16-bit, folded rows
+    KV,  # (num_rows, 576) cache rows, stride stride_kv
+    KV_INDICES,  # (sum(seq_lens),) int32
+    QO_INDPTR,  # (B + 1,) int32
+    KV_INDPTR,  # (B + 1,) int32
+    OUT,  # DIRECT: (total_q * H, 512) q.dtype; else (num_splits, total_rows, 512) partials, fp32 or q.dtype
+    LSE,  # DIRECT: (total_q * H,) fp32; else (num_splits, total_rows) fp32
+    stride_kv,
+    total_rows,
+    qk_scale,  # sm_scale * log2(e)
+    num_splits,
+    NUM_HEADS: gl.constexpr,
+    DIRECT: gl.constexpr,  # one split: write the final output
+    D_LATENT: gl.constexpr,
+    D_ROPE: gl.constexpr,
+    PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before, then let the merge launch early
+    BR: gl.constexpr = 16,  # folded rows per program: 16 or 32
+):
+    BN: gl.constexpr = 64
+    NBUF: gl.constexpr = 2
+    NUM_WARPS_C: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = Q.dtype.element_ty
+    # the gather: 16-byte vectors, 4 warps cover 16 rows x 64 columns per step; both accumulators, S^T (64, BR)
+    # and O^T (512, BR), in one warpgroup's wgmma layout (the same layout: its row slices need no conversion)
+    GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS_C, 1], [1, 0])
+    ACC_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BR, 16])
+    # the output's way out: each thread 8 contiguous columns of one row (16-byte vectors in q's dtype)
+    STORE_L: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, NUM_WARPS_C], [0, 1])
+    LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_LATENT], dtype)
+    ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_ROPE], dtype)
+    QLAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, D_LATENT], dtype)
+    QROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, D_ROPE], dtype)
+    P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BR], dtype)
+
+    pid_m = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    req = gl.program_id(2)
+    q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles = program_range(QO_INDPTR, KV_INDPTR, req, pid_s,
+                                                                              num_splits, NUM_HEADS, BN, PDL)
+    if pid_m * BR < n_rows:
+        q_lat_s = gl.allocate_shared_memory(dtype, [BR, D_LATENT], QLAT_SL)
+        q_rope_s = gl.allocate_shared_memory(dtype, [BR, D_ROPE], QROPE_SL)
+        k_lat_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT], LAT_SL)
+        k_rope_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_ROPE], ROPE_SL)
+        p_s = gl.allocate_shared_memory(dtype, [BN, BR], P_SL)
+
+        # the query tile: rows q_start * H + pid_m * BR + r of the folded q (zero past the request's rows)
+        g_rows = pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, GATHER))
+        g_row_ok = g_rows < n_rows
+        q_base = Q + (q_start * NUM_HEADS + g_rows).to(gl.int64)[:, None] * (D_LATENT + D_ROPE)
+        d_lat_g = gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, GATHER))
+        d_rope_g = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, GATHER))
+        cp.async_copy_global_to_shared(q_lat_s, q_base + d_lat_g[None, :], mask=g_row_ok[:, None])
+        cp.async_copy_global_to_shared(q_rope_s, q_base + D_LATENT + d_rope_g[None, :], mask=g_row_ok[:, None])
+
+        # tile 0 (one copy group, the query in it) and the indices of tile 1
+        t_off, idx1 = issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN, NBUF,
+                                        D_LATENT, D_ROPE, GATHER)
+
+        # softmax state along the columns (rows of the request), the output accumulator transposed
+        s_rows = pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, ACC_L))
+        limit = s_k - s_q + s_rows // NUM_HEADS  # bottom-right causal: key t is visible to its row if t <= limit
+        s_cols = gl.arange(0, BN, layout=gl.SliceLayout(1, ACC_L))
+        m_i = gl.full([BR], float("-inf"), gl.float32, layout=gl.SliceLayout(0, ACC_L))
+        l_i = gl.zeros([BR], gl.float32, layout=gl.SliceLayout(0, ACC_L))
+        acc = gl.zeros([D_LATENT, BR], gl.float32, layout=ACC_L)
+        s_zero = gl.zeros([BN, BR], gl.float32, layout=ACC_L)
+
+        for i in range(n_tiles):
+            buf = i % NBUF
+            # every warp is done with tile i-1 (its wgmma work was waited for at the end of the last iteration):
+            # its buffer takes tile i + 1
+            _cta_barrier()
+            nxt = (i + 1) % NBUF
+            cols_n = k_lo + (i + 1) * BN + t_off
+            ok_n = cols_n < k_hi
+            _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx1, ok_n, stride_kv, D_LATENT, D_ROPE,
+                         GATHER)
+            cp.commit_group()
+            cols_nn = cols_n + BN
+            idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
+            cp.wait_group(1)  # this thread's copies of tile i (and of q) have landed; tile i + 1 stays in flight
+            _cta_barrier()  # ... and every other thread's
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+
+            k_lat = k_lat_s.index(buf)
+            s = warpgroup_mma(k_lat, q_lat_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(k_rope_s.index(buf), q_rope_s.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+
+            p, m_i, alpha, l_i = _softmax_step_t(s, k_lo + i * BN + s_cols, k_hi, limit, qk_scale, m_i, l_i)
+            acc = acc * alpha[None, :]
+            p_s.store(p.to(dtype))
+            fence_async_shared()  # the generic-proxy stores of P, before wgmma reads them through the async proxy
+            _cta_barrier()  # ... by every warp
+            acc = warpgroup_mma(k_lat.permute((1, 0)), p_s, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        cp.wait_group(0)  # the last, empty or masked, group
+
+        has = l_i > 0.0
+        out = gl.convert_layout((acc / gl.where(has, l_i, 1.0)[None, :]).to(OUT.dtype.element_ty), STORE_L)
+        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        o_rows = pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, STORE_L))
+        d_o = gl.arange(0, D_LATENT, layout=gl.SliceLayout(1, STORE_L))
+        grow = (q_start * NUM_HEADS + o_rows).to(gl.int64)
+        grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
+        base = pid_s.to(gl.int64) * total_rows  # 0 when DIRECT (one split)
+        gl.store(OUT + (base + grow)[None, :] * D_LATENT + d_o[:, None], out, mask=(o_rows < n_rows)[None, :])
+        gl.store(LSE + base + grow_s, lse, mask=s_rows < n_rows)
