@@ -791,19 +791,21 @@ def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
-@pytest.mark.parametrize("heads,qlen", [(128, 1), (16, 6), (16, 2)])
-def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen):
-    """By default a batch whose programs take >= GLUON_WS_MIN_TOKENS tokens runs the warp-specialised kernel
-    (40 ragged requests of about 3000 tokens: one split each on an H200), and matches the golden; so does any
-    call of 17-32 rows (16 heads x qlen 2, round 31)."""
+@pytest.mark.parametrize("heads,qlen,kernel", [(128, 1, "ws"), (16, 6, "ws"), (16, 2, "swap"), (16, 1, "swap")])
+def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen, kernel):
+    """By default a batch of more than 32 rows per request whose programs take >= GLUON_WS_MIN_TOKENS tokens runs
+    the warp-specialised kernel (40 ragged requests of about 3000 tokens: one split each on an H200), and one of at
+    most 32 rows (16 heads x qlen 1 or 2) the swapped kernel at any size (thirteenth session); both match the
+    golden."""
     kv_lens = [2500 + 37 * i for i in range(40)]
     case = make_case([qlen] * 40, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + qlen)
     sms = mla._sm_count(torch.device("cuda"))
     cfg = mla.triton_config(qlen * heads, torch.bfloat16, case["kv_indices"].numel(), num_reqs=40, sm_count=sms)
-    assert cfg == mla.GLUON_WS_CONFIG
+    assert cfg == (mla.GLUON_WS_CONFIG if kernel == "ws" else mla.gluon_swap_config(qlen * heads))
     res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
-    assert "gluon, warp-specialised split kernel" in res.reason, res.reason
-    check_against_golden(case, res.out, res.lse, torch.bfloat16, 0.07, f"default ws H{heads} qlen {qlen}")
+    want = "gluon, warp-specialised split kernel" if kernel == "ws" else "gluon, swapped split kernel"
+    assert want in res.reason, res.reason
+    check_against_golden(case, res.out, res.lse, torch.bfloat16, 0.07, f"default {kernel} H{heads} qlen {qlen}")
 
 
 @pytest.mark.gpu
