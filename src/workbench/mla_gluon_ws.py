@@ -1,5 +1,5 @@
 """A warp-specialised Gluon split kernel for the 64-row MLA decode (Hopper), the "seesaw". The default where each
-program takes at least ``mla.GLUON_WS_MIN_TOKENS`` KV tokens (round 23); the newest kernel of the library.
+program of more than 32 rows takes at least ``mla.GLUON_WS_MIN_TOKENS`` KV tokens (round 23).
 
 :mod:`workbench.mla_gluon` runs its two warpgroups in lockstep: both wait for a tile, both compute half of
 ``S`` (32 tokens each), exchange the row maxima and ``P`` through shared memory, and both multiply ``P V``;
