@@ -9,11 +9,15 @@ about 170 KB per tile. Three interleaved rounds under CUDA-graph replay, each va
 count for its own config (``default``: the library's config before this probe); first every output is checked against the fp32 golden (``<variant>_golden_max_err``: the
 default's error is the scale of what the library already accepts).
 
-Mode ``qlen4`` (third argument) instead times qlen 4 (64 rows) with the swapped kernel on two 32-row blocks per
-request (each reads every tile: twice the KV bytes, the second time mostly from L2) against the default (the
-64-row gluon kernels), to see whether the swap helps there too.
+Other modes (third argument), each against the library's config of the time:
 
-Run on an H200: PYTHONPATH=src python3 scripts/decode_gluon_swap_probe.py [OUT.json] [rounds] [qlen4]
+* ``qlen4``: qlen 4 (64 rows) with the swapped kernel on two 32-row blocks per request (each reads every tile:
+  twice the KV bytes, the second time mostly from L2), against the 64-row gluon kernels;
+* ``rows64``: the swapped kernel on 64-row blocks, two warpgroups side by side along the rows (8 warps: each
+  reads the whole tile and its 32 rows of q and P), at qlen 3-8 and 128 heads, against the 64-row gluon kernels;
+* ``warps8``: the qlen-1 and qlen-2 defaults (one warpgroup) against the same kernel on two warpgroups.
+
+Run on an H200: PYTHONPATH=src python3 scripts/decode_gluon_swap_probe.py [OUT.json] [rounds] [qlen4|rows64|warps8]
 """
 import dataclasses
 import json
@@ -34,7 +38,7 @@ def swap_config(rows: int) -> mla.TritonConfig:
     return mla.gluon_swap_config(rows)  # the library's default since this probe (first run: the same config)
 
 
-def golden_errors(points, make=swap_config, log=print) -> list[dict]:
+def golden_errors(points, make=swap_config, base=d.pre_swap_config, log=print) -> list[dict]:
     """Largest |out - golden| of each variant at each point (one call each)."""
     dev = common.require_gpu()
     pool = d.CachePool(max(b * l for _, _, b, l in points), torch.bfloat16, dev)
@@ -45,7 +49,7 @@ def golden_errors(points, make=swap_config, log=print) -> list[dict]:
         args = (x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"])
         ref, _ = mla.mla_decode_ref(*args, None)
         row = dict(heads=h, qlen=q, batch=b, context=l)
-        for name, cfg in (("default", d.pre_swap_config(q * h, b * l, b, sm)), ("gswap", make(q * h))):
+        for name, cfg in (("default", base(q * h, b * l, b, sm)), ("gswap", make(q * h))):
             n_s = mla.default_splits(cfg, b, -(-q * h // cfg.block_m), b * l, sm)
             o, _ = mla.mla_decode_triton(*args, q, None, num_splits=n_s, config=cfg)
             row[name + "_golden_max_err"] = float((o.float() - ref.float()).abs().max())
@@ -55,17 +59,36 @@ def golden_errors(points, make=swap_config, log=print) -> list[dict]:
 
 
 QLEN4_POINTS = ((16, 4, 16, 4096), (16, 4, 64, 4096), (16, 4, 64, 32768), (16, 4, 128, 8192))
+ROWS64_POINTS = QLEN4_POINTS + ((16, 3, 16, 4096), (16, 6, 16, 4096), (16, 8, 16, 4096), (16, 8, 64, 4096),
+                                (16, 8, 64, 32768), (128, 1, 16, 4096), (128, 1, 64, 4096))
+WARPS8_POINTS = ((16, 1, 1, 4096), (16, 1, 16, 4096), (16, 1, 64, 4096), (16, 1, 64, 32768), (16, 1, 128, 8192),
+                 (16, 2, 16, 4096), (16, 2, 64, 4096))
+
+
+def library_config(rows: int, tokens: int, batch: int, sm: int) -> mla.TritonConfig:
+    return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm)
+
+
+MODES = {  # mode: (points, the variant's config for a row count, the baseline)
+    "qlen4": (QLEN4_POINTS, lambda rows: dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=32), d.pre_swap_config),
+    "rows64": (ROWS64_POINTS, lambda rows: dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=64, num_warps=8),
+               library_config),
+    "warps8": (WARPS8_POINTS, lambda rows: dataclasses.replace(mla.gluon_swap_config(rows), num_warps=8),
+               library_config),
+}
 
 if __name__ == "__main__":
     out = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    points, make = POINTS, swap_config
-    if sys.argv[3:] == ["qlen4"]:
-        points, make = QLEN4_POINTS, lambda rows: dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=32)
-    errs = golden_errors(points, make)
-    rows = d.variant_probe(points, lambda base: [("default", base), ("gswap", make(min(base.block_m, 32)))],
+    points, make, base = POINTS, swap_config, d.pre_swap_config
+    if sys.argv[3:]:
+        points, make, base = MODES[sys.argv[3]]
+    errs = golden_errors(points, make, base)
+    # the variant's rows from the baseline's tile: 16 or 32 where it is made per row count (the default mode's
+    # baseline has 16 rows at qlen 1 and 64 at qlen 2; warps8's has the row count's own); the other modes ignore it
+    rows = d.variant_probe(points, lambda cfg: [("default", cfg), ("gswap", make(min(cfg.block_m, 32)))],
                            "mla_decode_gluon_swap_probe", "", None, rounds=rounds, own_splits=True,
-                           base_config=d.pre_swap_config)
+                           base_config=base)
     if out:
         common.write_json(out, dict(benchmark="mla_decode_gluon_swap_probe", rows=rows, golden=errs,
                                     provenance=common.provenance(" ".join(

@@ -72,8 +72,8 @@ out["gluon_cst"] = [codegen.gluon_kernel_report(heads=16, pdl=True, coalesced_st
 out["pbw"] = codegen.split_kernel_report(dataclasses.replace(small, prefetch_before_wait=2))
 out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True),
                        codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True)]
-out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d, narrow=not d), block_m=bm, direct=d)
-                     for bm in (16, 32) for d in (False, True)]
+out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d, narrow=not d, num_warps=w), block_m=bm,
+                          direct=d) for bm, w in ((16, 4), (32, 4), (64, 8), (32, 8)) for d in (False, True)]
 print(json.dumps(out))
 """
 
@@ -378,20 +378,25 @@ def test_gluon_kernel_with_32_token_tiles_in_four_buffers(reports):
 
 def test_gluon_swap_kernel_reads_operands_once_and_keeps_a_tile_in_flight(reports):
     """The swapped gluon kernel (the library's default for at most 32 rows on Hopper): no spills, shared memory
-    within an H100/H200's 227 KB, one program per SM's worth (over half of it); 68 wgmma (36 for ``S^T = K q^T``,
-    32 for ``O^T = V^T P^T``) of shape m64n<rows>k16, no ``ldmatrix`` (every product reads its operands from shared
-    memory itself, once per tile), the next tile's copies in flight during a tile's math, and (PDL) no global read
-    before the wait."""
+    within an H100/H200's 227 KB, one program per SM's worth (over half of it); per warpgroup 68 wgmma (36 for
+    ``S^T = K q^T``, 32 for ``O^T = V^T P^T``) of shape m64n<its rows>k16, no ``ldmatrix`` (every product reads
+    its operands from shared memory itself, once per tile), the next tile's copies in flight during a tile's math,
+    the output or partial stored row-major in 16-byte vectors, and (PDL) no global read before the wait."""
     rs = reports["gluon_swap"]
-    assert len(rs) == 4
+    assert len(rs) == 8
     for r in rs:
-        label = f"gluon_swap {r['block_m']} rows direct={r['direct']}"
+        label = f"gluon_swap {r['block_m']} rows w{r['num_warps']} direct={r['direct']}"
         assert r["spill_bytes"] == 0 and r["regs"] <= 255, (label, r)
+        assert r["num_warps"] * r["regs"] * 32 <= 65536, (label, r)  # one program's registers fit an SM
         assert codegen.GLUON_SMEM_LIMIT // 2 < r["shared"] <= codegen.GLUON_SMEM_LIMIT, (label, r["shared"])
-        assert r["wgmma"] == 68 and r["wgmma_shapes"] == [f"m64n{r['block_m']}k16"], (label, r)
+        n = r["block_m"] // (r["num_warps"] // 4)
+        assert r["wgmma"] == 68 and r["wgmma_shapes"] == [f"m64n{n}k16"], (label, r)
+        assert r["global_stores"].get("st.global.v4.b32", 0) >= 4, (label, r["global_stores"])
         assert r["ldmatrix"] == 0, (label, r["ldmatrix"])
         assert r["cp_async_wait"] == [0, 1], (label, r["cp_async_wait"])
         assert r["pdl"]["has_wait"] and r["pdl"]["global_reads_before_wait"] == 0, (label, r["pdl"])
         assert r["pdl"]["launch_dependents_after_wait"], (label, r["pdl"])
     with pytest.raises(ValueError, match="block_m must be one of"):
-        codegen.gluon_swap_kernel_report(block_m=64)
+        codegen.gluon_swap_kernel_report(block_m=128)
+    with pytest.raises(ValueError, match="num_warps must be one of"):
+        codegen.gluon_swap_kernel_report(num_warps=2)

@@ -897,25 +897,28 @@ def test_gluon_config_is_checked():
 
 
 GLUON_SWAP = mla.TritonConfig(16, 64, 4, 2, programs_per_sm=1, pdl=True, pdl_split=True, gluon_swap=True)
-# (block_m, heads, query lengths) of the swapped gluon kernel's golden tests: one or several 16- or 32-row blocks
-# per request, partly empty blocks, ragged and causal query lengths
-GLUON_SWAP_CASES = [(16, 16, [1, 1, 1]), (16, 128, [1, 1, 1]), (16, 16, [2, 1, 3]), (16, 16, [16, 7, 1]),
-                    (32, 16, [2, 2, 2]), (32, 16, [3, 1, 4]), (32, 8, [1, 1, 1])]
+# (block_m, warps, heads, query lengths) of the swapped gluon kernel's golden tests: one or several 16-, 32- or
+# 64-row blocks per request on one or two warpgroups, partly empty blocks, ragged and causal query lengths
+GLUON_SWAP_CASES = [(16, 4, 16, [1, 1, 1]), (16, 4, 128, [1, 1, 1]), (16, 4, 16, [2, 1, 3]), (16, 4, 16, [16, 7, 1]),
+                    (32, 4, 16, [2, 2, 2]), (32, 4, 16, [3, 1, 4]), (32, 4, 8, [1, 1, 1]), (16, 8, 16, [1, 2, 1]),
+                    (32, 8, 16, [2, 1, 2]), (64, 8, 16, [4, 4, 4]), (64, 8, 16, [3, 1, 4]), (64, 8, 16, [16, 7, 1]),
+                    (64, 8, 128, [1, 2, 1])]
 
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("block_m,heads,qo_lens", GLUON_SWAP_CASES)
+@pytest.mark.parametrize("block_m,warps,heads,qo_lens", GLUON_SWAP_CASES)
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("variant", ["fp32", "narrow", "no_pdl"])
-def test_gluon_swap_kernel_matches_golden(block_m, heads, qo_lens, num_splits, dtype, variant):
-    """The swapped gluon split kernel (``S^T = K q^T`` and ``O^T = V^T P^T`` on wgmma, tokens as M): 16- and
-    32-row programs, several row blocks per request and partly empty ones, ragged and causal query lengths,
-    splits that are empty or end inside a tile, lengths 1..4099, NaN in every unused cache row, against the
-    golden; fp32 or 16-bit partials, with and without the PDL launches; graph replays bit-exact."""
-    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=block_m + heads + num_splits)
-    cfg = dataclasses.replace(GLUON_SWAP, block_m=block_m, narrow_partials=variant == "narrow",
+def test_gluon_swap_kernel_matches_golden(block_m, warps, heads, qo_lens, num_splits, dtype, variant):
+    """The swapped gluon split kernel (``S^T = K q^T`` and ``O^T = V^T P^T`` on wgmma, tokens as M): 16-, 32- and
+    64-row programs on one or two warpgroups, several row blocks per request and partly empty ones, ragged and
+    causal query lengths, splits that are empty or end inside a tile, lengths 1..4099, NaN in every unused cache
+    row and in the output buffer, against the golden; fp32 or 16-bit partials, with and without the PDL launches;
+    graph replays bit-exact."""
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=block_m + warps + heads + num_splits)
+    cfg = dataclasses.replace(GLUON_SWAP, block_m=block_m, num_warps=warps, narrow_partials=variant == "narrow",
                               pdl=variant != "no_pdl", pdl_split=variant != "no_pdl")
     out = torch.full_like(case["q"][..., :512], float("nan"))
     out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
@@ -925,9 +928,11 @@ def test_gluon_swap_kernel_matches_golden(block_m, heads, qo_lens, num_splits, d
 
 def test_gluon_swap_config_is_checked():
     assert GLUON_SWAP.label.startswith("gswap 16x64 w4 s2")
-    for bad in (dict(block_m=64), dict(block_n=32), dict(num_warps=8), dict(num_stages=3)):
-        with pytest.raises(ValueError, match="gluon_swap needs block_m 16 or 32, block_n=64"):
+    for bad in (dict(block_m=64), dict(block_m=128, num_warps=8), dict(block_n=32), dict(num_warps=2),
+                dict(num_stages=3)):
+        with pytest.raises(ValueError, match="gluon_swap needs block_m 16 or 32 on 4 or 8 warps, or 64 on 8"):
             dataclasses.replace(GLUON_SWAP, **bad)
+    assert dataclasses.replace(GLUON_SWAP, block_m=64, num_warps=8).label.startswith("gswap 64x64 w8 s2")
     for other in (dict(idx_ahead=True), dict(swap_ab=True), dict(fused_merge=True), dict(tma_store=True),
                   dict(max_regs=128), dict(spin_merge=True)):
         with pytest.raises(ValueError, match="gluon_swap replaces the split kernel"):

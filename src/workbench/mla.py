@@ -1072,14 +1072,17 @@ class TritonConfig:
     #                                9-15 % faster at small calls with narrow_partials (in GLUON_CONFIG)
     gluon_swap: bool = False  # the split kernel of workbench.mla_gluon_swap (Hopper, 16-bit, 16 or 32 rows x 64
     #                           tokens on one warpgroup): the products transposed on wgmma (tokens as M), so the
-    #                           query and each tile are read from shared memory once per tile (thirteenth session)
+    #                           query and each tile are read from shared memory once per tile (thirteenth session,
+    #                           round 36: the default up to 32 rows). On 8 warps (two warpgroups side by side along
+    #                           the rows; the only way to 64 rows) it was slower everywhere measured (round 36b)
 
     def __post_init__(self) -> None:
-        if self.gluon_swap and ((self.block_m not in (16, 32)) or (self.block_n, self.num_warps, self.num_stages)
-                                != (64, 4, 2)):
-            raise ValueError(f"gluon_swap needs block_m 16 or 32, block_n=64, num_warps=4 and num_stages=2 (the tile "
-                             f"workbench.mla_gluon_swap has), got {self.block_m}x{self.block_n} w{self.num_warps} "
-                             f"s{self.num_stages}")
+        if self.gluon_swap and ((self.block_m, self.num_warps) not in ((16, 4), (32, 4), (16, 8), (32, 8), (64, 8))
+                                or (self.block_n, self.num_stages) != (64, 2)):
+            raise ValueError(f"gluon_swap needs block_m 16 or 32 on 4 or 8 warps, or 64 on 8 (one or two warpgroups "
+                             f"side by side along the rows; 64 rows on one would need 256 accumulator registers per "
+                             f"thread), block_n=64 and num_stages=2 (the tile workbench.mla_gluon_swap has), got "
+                             f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}")
         if self.gluon_swap and (self.gluon or self.balanced or self.fused_merge or self.meta_before_wait
                                 or self.idx_ahead or self.warp_specialize or self.swap_ab or self.prefetch
                                 or self.spin_merge or self.split_merge or self.tma_store or self.coalesced_store
@@ -1796,7 +1799,7 @@ def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, sca
     compiled = mla_gluon_swap.mla_decode_gluon_swap_kernel[(row_blocks, num_splits, num_reqs)](
         q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, cache.stride(0), total_rows, scale * _LOG2E,
         num_splits, NUM_HEADS=heads, DIRECT=direct, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, BR=cfg.block_m,
-        num_warps=mla_gluon_swap.NUM_WARPS, **opts)
+        num_warps=cfg.num_warps, **opts)
     _note_compiled(cfg, compiled)
     if not direct:
         merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}

@@ -13,6 +13,13 @@ kernel puts the tokens where ``wgmma`` wants its 64 rows instead (``swap AB``):
 
 About 170 KB of shared-memory reads per tile (72 KB + 64 KB of cache rows, the query, P once per 64 output
 columns) instead of about 300 KB, on 4 warps (one warpgroup: the M of both products is a multiple of 64). The
+output or partial leaves row-major in 16-byte vectors through the idle tile buffers.
+
+On 8 warps two warpgroups sit side by side along the rows (N), each with half of them: that is the only way to
+64 rows (on one warpgroup its ``(512, 64)`` fp32 accumulator would need 256 registers per thread), but each
+warpgroup then reads the whole tile. Measured on an H200 (chapter 3, round 36b) both 8-warp forms were slower
+than the defaults they were compared with: 64 rows by 13-38 % against the 64-row kernels of
+:mod:`workbench.mla_gluon`, 16 and 32 rows by 7-18 % against one warpgroup. They stay for the measurement. The
 gather pipeline (``cp.async`` rows by index, zero-filled past the end, two tile buffers, indices one tile ahead)
 and the prologue are :mod:`workbench.mla_gluon`'s. The partial outputs have the Triton split kernel's format, so
 :func:`workbench.mla.mla_decode_triton`'s merge kernel combines them. NVIDIA sm_90 only, 16-bit dtypes only;
@@ -26,14 +33,23 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from workbench.mla_gluon import _cta_barrier, _gather_tile, issue_first_tiles, program_range
+from workbench.mla_gluon import (_cta_barrier, _gather_tile, issue_first_tiles, program_range, staging_buffer,
+                                  store_rows_coalesced)
 
-__all__ = ["BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "ROW_BLOCKS", "mla_decode_gluon_swap_kernel"]
+__all__ = ["BLOCK_N", "NUM_BUFFERS", "ROW_BLOCKS", "WARPS", "mla_decode_gluon_swap_kernel", "num_warps_for"]
 
 BLOCK_N = 64  # cache rows (tokens) per tile: wgmma's M
 NUM_BUFFERS = 2  # tile buffers (a third does not fit beside the query: 3 x 73.7 KB + 18.4 KB > 227 KB)
-NUM_WARPS = 4  # one warpgroup
-ROW_BLOCKS = (16, 32)  # folded rows per program (wgmma's N)
+ROW_BLOCKS = (16, 32, 64)  # folded rows per program (wgmma's N, over one or two warpgroups)
+WARPS = (4, 8)  # one warpgroup, or two that split the rows (N) between them
+
+
+def num_warps_for(block_m: int) -> int:
+    """Warps of the default launch for ``block_m`` rows: one warpgroup up to 32 rows, two (32 rows each) for 64,
+    whose ``(512, 64)`` fp32 accumulator would take 256 registers per thread on one."""
+    if block_m not in ROW_BLOCKS:
+        raise ValueError(f"block_m must be one of {ROW_BLOCKS}, got {block_m}")
+    return 4 if block_m <= 32 else 8
 
 
 @gluon.jit
@@ -67,18 +83,19 @@ def mla_decode_gluon_swap_kernel(
     D_LATENT: gl.constexpr,
     D_ROPE: gl.constexpr,
     PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before, then let the merge launch early
-    BR: gl.constexpr = 16,  # folded rows per program: 16 or 32
+    BR: gl.constexpr = 16,  # folded rows per program: 16 or 32 (4 or 8 warps), 64 (8 warps)
 ):
     BN: gl.constexpr = 64
     NBUF: gl.constexpr = 2
     NUM_WARPS_C: gl.constexpr = gl.num_warps()
+    WGN: gl.constexpr = NUM_WARPS_C // 4  # warpgroups, side by side along N (the rows)
     dtype: gl.constexpr = Q.dtype.element_ty
-    # the gather: 16-byte vectors, 4 warps cover 16 rows x 64 columns per step; both accumulators, S^T (64, BR)
-    # and O^T (512, BR), in one warpgroup's wgmma layout (the same layout: its row slices need no conversion)
+    # the gather: 16-byte vectors, the warps cover 4 rows x 64 columns each per step; both accumulators, S^T
+    # (64, BR) and O^T (512, BR), in the same wgmma layout (its row slices need no conversion): each warpgroup
+    # owns BR / WGN of the rows, reads the whole tile as A and its rows of q and P as B
     GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS_C, 1], [1, 0])
-    ACC_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BR, 16])
-    # the output's way out: each thread 8 contiguous columns of one row (16-byte vectors in q's dtype)
-    STORE_L: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, NUM_WARPS_C], [0, 1])
+    ACC_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGN],
+                                                    instr_shape=[16, BR // WGN, 16])
     LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_LATENT], dtype)
     ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_ROPE], dtype)
     QLAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, D_LATENT], dtype)
@@ -151,12 +168,14 @@ def mla_decode_gluon_swap_kernel(
         cp.wait_group(0)  # the last, empty or masked, group
 
         has = l_i > 0.0
-        out = gl.convert_layout((acc / gl.where(has, l_i, 1.0)[None, :]).to(OUT.dtype.element_ty), STORE_L)
+        out = acc / gl.where(has, l_i, 1.0)[None, :]
         lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-        o_rows = pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, STORE_L))
-        d_o = gl.arange(0, D_LATENT, layout=gl.SliceLayout(1, STORE_L))
-        grow = (q_start * NUM_HEADS + o_rows).to(gl.int64)
-        grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
         base = pid_s.to(gl.int64) * total_rows  # 0 when DIRECT (one split)
-        gl.store(OUT + (base + grow)[None, :] * D_LATENT + d_o[:, None], out, mask=(o_rows < n_rows)[None, :])
+        # the output (rows, 512) leaves row-major in 16-byte vectors through the idle tile buffers (every copy has
+        # landed, every wgmma was waited for; the barrier covers the other threads)
+        _cta_barrier()
+        store_rows_coalesced(OUT, staging_buffer(k_lat_s, OUT.dtype.element_ty, BR, D_LATENT), gl.permute(out, (1, 0)),
+                             base + q_start * NUM_HEADS + pid_m * BR, n_rows - pid_m * BR, 0, BR, D_LATENT,
+                             NUM_WARPS_C)
+        grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
         gl.store(LSE + base + grow_s, lse, mask=s_rows < n_rows)
