@@ -23,7 +23,7 @@ from workbench import codegen, device, mla
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
-                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap")
+                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -74,6 +74,7 @@ out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narr
                        codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True)]
 out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d, narrow=not d, num_warps=w), block_m=bm,
                           direct=d) for bm, w in ((16, 4), (32, 4), (64, 8), (32, 8)) for d in (False, True)]
+out["gluon_swap_trace"] = codegen.gluon_swap_kernel_report(trace=True)
 print(json.dumps(out))
 """
 
@@ -396,6 +397,9 @@ def test_gluon_swap_kernel_reads_operands_once_and_keeps_a_tile_in_flight(report
         assert r["cp_async_wait"] == [0, 1], (label, r["cp_async_wait"])
         assert r["pdl"]["has_wait"] and r["pdl"]["global_reads_before_wait"] == 0, (label, r["pdl"])
         assert r["pdl"]["launch_dependents_after_wait"], (label, r["pdl"])
+    assert all(r["globaltimer"] == 0 for r in rs)
+    traced = reports["gluon_swap_trace"]  # entry, after the PDL wait, one per tile in the loop, exit
+    assert traced["globaltimer"] == 4 and traced["spill_bytes"] == 0 and traced["wgmma"] == 68, traced
     with pytest.raises(ValueError, match="block_m must be one of"):
         codegen.gluon_swap_kernel_report(block_m=128)
     with pytest.raises(ValueError, match="num_warps must be one of"):

@@ -1370,16 +1370,25 @@ def test_summarize_trace_reads_synthetic_stamps():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU or torch.version.hip is not None, reason="needs an NVIDIA GPU (%globaltimer)")
-@pytest.mark.parametrize("pdl_split", [False, True, "meta"])
+@pytest.mark.parametrize("kernel,pdl_split", [("triton", False), ("triton", True), ("triton", "meta"),
+                                              ("gswap", False), ("gswap", True)])
 @pytest.mark.parametrize("qlen,heads", [(1, 16), (3, 16), (1, 128)])
-def test_trace_stamps_are_ordered_and_complete(qlen, heads, pdl_split):
+def test_trace_stamps_are_ordered_and_complete(qlen, heads, kernel, pdl_split):
     """Traced calls give the golden; every split program stamps entry <= wait <= tiles <= exit with one stamp
     per tile it owns; and a PDL-launched merge gets past its wait only after every split program has exited
-    (what griddepcontrol.wait promises), as does the next call's split kernel after the merge with pdl_split."""
+    (what griddepcontrol.wait promises), as does the next call's split kernel after the merge with pdl_split.
+    ``gswap``: the swapped gluon kernel (Hopper; 16- or 64-row blocks), stamped the same way."""
+    if kernel == "gswap" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the swapped gluon kernel needs compute capability 9.0+ (Hopper wgmma)")
     kv = [max(n, qlen) for n in (1, 100, 1000, 4099)]
     case = make_case([qlen] * len(kv), kv, heads, dtype=torch.bfloat16, device="cuda", seed=5)
-    cfg = dataclasses.replace(mla.triton_config(qlen * heads, torch.bfloat16, gluon=False), pdl_split=bool(pdl_split),
-                              meta_before_wait=pdl_split == "meta")
+    if kernel == "gswap":
+        base = (mla.gluon_swap_config(qlen * heads) if qlen * heads <= 32
+                else dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=64, num_warps=8))
+        cfg = dataclasses.replace(base, pdl_split=bool(pdl_split))
+    else:
+        cfg = dataclasses.replace(mla.triton_config(qlen * heads, torch.bfloat16, gluon=False),
+                                  pdl_split=bool(pdl_split), meta_before_wait=pdl_split == "meta")
     splits = 5
     args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], qlen, 0.07)
     bufs = [mla.trace_buffers(case["q"], qlen, len(kv), splits, cfg) for _ in range(2)]

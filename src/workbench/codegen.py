@@ -343,7 +343,8 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
 
 
 def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", block_m: int = 16,
-                             pdl: bool = True, narrow: bool = True, num_warps: int | None = None) -> dict[str, Any]:
+                             pdl: bool = True, narrow: bool = True, num_warps: int | None = None,
+                             trace: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon_swap`'s split kernel (``block_m`` 16 or 32 folded rows as wgmma's N) for
     Hopper on any machine and report ``regs``, ``spill_bytes``, ``shared`` (bytes), ``wgmma`` (36 for
     ``S^T = K q^T`` over 576 values in k-steps of 16, 32 for ``O^T = V^T P^T``: 8 blocks of 64 output columns x 4
@@ -353,7 +354,9 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
     :func:`pdl_report` of its PTX. ``narrow``: partials in ``dtype`` (as :data:`workbench.mla.GLUON_SWAP_CONFIG`).
     ``num_warps``: 4 (one warpgroup) or 8 (two, each with half the rows); default
     :func:`workbench.mla_gluon_swap.num_warps_for`. ``global_stores`` counts the PTX's ``st.global`` kinds (the
-    output leaves row-major in 16-byte vectors: ``st.global.v4.b32``)."""
+    output leaves row-major in 16-byte vectors: ``st.global.v4.b32``). ``trace``: the instrumented variant
+    (``mla_decode_triton(..., trace=)``); ``globaltimer`` counts its timer reads (entry, after the wait, one in
+    the loop, exit: 4; none untraced)."""
     import triton
     from workbench import mla_gluon_swap
 
@@ -361,11 +364,15 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
     if warps not in mla_gluon_swap.WARPS:
         raise ValueError(f"num_warps must be one of {mla_gluon_swap.WARPS}, got {warps}")
     extra = {"OUT": f"*{dtype}"} if narrow and not direct else {}
-    _, ptx, report = _compile_gluon(mla_gluon_swap.mla_decode_gluon_swap_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=pdl, BR=block_m), dict(num_warps=warps),
-                                    "gluon_swap", extra)
+    consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl, BR=block_m)
+    if trace:
+        extra["TRACE_BUF"] = "*i64"
+        consts["TRACE"] = True
+    _, ptx, report = _compile_gluon(mla_gluon_swap.mla_decode_gluon_swap_kernel, dtype, direct, consts,
+                                    dict(num_warps=warps), "gluon_swap", extra)
     return dict(report, wgmma_shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
                 ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)), num_warps=warps,
+                globaltimer=len(re.findall(r"%globaltimer", ptx)),
                 global_stores=dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items())),
                 cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
                 pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)

@@ -1589,8 +1589,9 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         return out, lse
     if cfg.gluon_swap:
         if trace is not None:
-            raise ValueError("trace is not available for the gluon_swap split kernel (it is not instrumented)")
-        _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks)
+            _check_trace(trace, q.device, *_trace_programs(cfg, row_blocks, num_splits, num_reqs, total_q * heads))
+        _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks,
+                           trace)
         return out, lse
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and device.pdl_available(q.device)
@@ -1781,8 +1782,9 @@ def _check_gluon_call(q: torch.Tensor, what: str) -> None:
 
 
 def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits,
-                       row_blocks) -> None:
-    """The split kernel of :mod:`workbench.mla_gluon_swap`, then (more than one split) the second-kernel merge."""
+                       row_blocks, trace=None) -> None:
+    """The split kernel of :mod:`workbench.mla_gluon_swap`, then (more than one split) the second-kernel merge;
+    ``trace`` (checked by the caller): both write their timestamps, as the Triton split kernel's call does."""
     _check_gluon_call(q, "gluon_swap")
     from workbench import mla_gluon_swap
 
@@ -1796,6 +1798,8 @@ def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, sca
     opts: dict[str, Any] = {}
     if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
         opts.update(PDL=True, launch_pdl=True)
+    if trace is not None:
+        opts.update(TRACE_BUF=trace[0], TRACE=True, TRACE_SLOTS=TRACE_SLOTS.value, TRACE_TILES=TRACE_TILES.value)
     compiled = mla_gluon_swap.mla_decode_gluon_swap_kernel[(row_blocks, num_splits, num_reqs)](
         q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, cache.stride(0), total_rows, scale * _LOG2E,
         num_splits, NUM_HEADS=heads, DIRECT=direct, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, BR=cfg.block_m,
@@ -1805,6 +1809,8 @@ def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, sca
         merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
         if opts.get("PDL"):  # the next call's split kernel waits for the merge: let it launch early
             merge_opts["LAUNCH_DEPENDENTS"] = True
+        if trace is not None:
+            merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
         _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
 
 

@@ -118,15 +118,28 @@ def issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, s
 
 
 @gluon.jit
+def globaltimer():
+    """The GPU's nanosecond timer (PTX ``%globaltimer``)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
 def program_range(QO_INDPTR, KV_INDPTR, req, pid_s, num_splits, NUM_HEADS: gl.constexpr, BN: gl.constexpr,
-                  PDL: gl.constexpr):
-    """The prologue both gluon split kernels share: the PDL wait (nothing before it reads memory) and trigger,
+                  PDL: gl.constexpr, trace=None, TRACE: gl.constexpr = False):
+    """The prologue the gluon split kernels share: the PDL wait (nothing before it reads memory) and trigger,
     then request ``req``'s query and key ranges and this split's tokens (in whole tiles of BN): returns
-    ``(q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles)``."""
+    ``(q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles)``. ``TRACE``: stores the SM id, the entry time
+    and the time after the wait at ``trace[0..2]`` (the layout of :func:`workbench.mla.trace_buffers`)."""
+    if TRACE:
+        gl.store(trace + 1, globaltimer())
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+    if TRACE:
+        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+        gl.store(trace, sm.to(gl.int64))
+        gl.store(trace + 2, globaltimer())
     q_start = gl.load(QO_INDPTR + req)
     s_q = gl.load(QO_INDPTR + req + 1) - q_start
     kv_start = gl.load(KV_INDPTR + req)

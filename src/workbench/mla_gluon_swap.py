@@ -33,8 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from workbench.mla_gluon import (_cta_barrier, _gather_tile, issue_first_tiles, program_range, staging_buffer,
-                                  store_rows_coalesced)
+from workbench.mla_gluon import (_cta_barrier, _gather_tile, globaltimer, issue_first_tiles, program_range,
+                                  staging_buffer, store_rows_coalesced)
 
 __all__ = ["BLOCK_N", "NUM_BUFFERS", "ROW_BLOCKS", "WARPS", "mla_decode_gluon_swap_kernel", "num_warps_for"]
 
@@ -84,6 +84,11 @@ def mla_decode_gluon_swap_kernel(
     D_ROPE: gl.constexpr,
     PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before, then let the merge launch early
     BR: gl.constexpr = 16,  # folded rows per program: 16 or 32 (4 or 8 warps), 64 (8 warps)
+    TRACE_BUF=None,  # TRACE: (programs, TRACE_SLOTS) int64 timestamps (workbench.mla.trace_buffers)
+    TRACE: gl.constexpr = False,  # record %globaltimer at entry, after the PDL wait, after each of the first
+    #                               TRACE_TILES tiles and at exit, as the Triton split kernel does
+    TRACE_SLOTS: gl.constexpr = 64,
+    TRACE_TILES: gl.constexpr = 60,
 ):
     BN: gl.constexpr = 64
     NBUF: gl.constexpr = 2
@@ -105,8 +110,12 @@ def mla_decode_gluon_swap_kernel(
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     req = gl.program_id(2)
+    trace = TRACE_BUF
+    if TRACE:
+        trace = TRACE_BUF + (pid_m + gl.num_programs(0) * (pid_s + gl.num_programs(1) * req)) * TRACE_SLOTS
     q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles = program_range(QO_INDPTR, KV_INDPTR, req, pid_s,
-                                                                              num_splits, NUM_HEADS, BN, PDL)
+                                                                              num_splits, NUM_HEADS, BN, PDL,
+                                                                              trace, TRACE)
     if pid_m * BR < n_rows:
         q_lat_s = gl.allocate_shared_memory(dtype, [BR, D_LATENT], QLAT_SL)
         q_rope_s = gl.allocate_shared_memory(dtype, [BR, D_ROPE], QROPE_SL)
@@ -165,6 +174,12 @@ def mla_decode_gluon_swap_kernel(
             _cta_barrier()  # ... by every warp
             acc = warpgroup_mma(k_lat.permute((1, 0)), p_s, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            if TRACE:  # the timer read consumes this tile's softmax sum, so it is not hoisted above the tile
+                t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r",
+                                              [gl.max(l_i, 0).to(gl.int32, bitcast=True)], dtype=gl.int64,
+                                              is_pure=False, pack=1)
+                if i < TRACE_TILES:
+                    gl.store(trace + 4 + i, t)
         cp.wait_group(0)  # the last, empty or masked, group
 
         has = l_i > 0.0
@@ -179,3 +194,5 @@ def mla_decode_gluon_swap_kernel(
                              NUM_WARPS_C)
         grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
         gl.store(LSE + base + grow_s, lse, mask=s_rows < n_rows)
+    if TRACE:
+        gl.store(trace + 3, globaltimer())

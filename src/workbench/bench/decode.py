@@ -833,11 +833,14 @@ def trace_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int
     times them), each writing %globaltimer stamps into its own buffers (``mla_decode_triton(trace=)``).
     Returns the point, the config, the per-call time with and without the stamps (graph replay), the
     :func:`summarize_trace` of the calls, and the raw stamps of call ``keep_call`` (default: the middle one)
-    relative to that call's first split-kernel entry, for a timeline figure. Default config: the library's for
-    the Triton kernel (``gluon=False``): only the Triton split kernel and the merge are instrumented."""
+    relative to that call's first split-kernel entry, for a timeline figure. Default config: the library's, where
+    it is instrumented (the Triton split kernel, the swapped gluon kernel and the merge); else the Triton kernel's
+    (``gluon=False``: the 64-row gluon kernels are not instrumented)."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
     cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
-                                      sm_count=mla._sm_count(pool.device), gluon=False)
+                                      sm_count=mla._sm_count(pool.device))
+    if cfg.gluon:
+        cfg = mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), gluon=False)
     row_blocks = -(-qlen * heads // cfg.block_m)
     splits = num_splits or mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
     out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
