@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 from workbench import mla
-from workbench.mla_gluon import _cta_barrier, _gather_tile, issue_first_tiles, program_range
+from workbench.mla_gluon import _cta_barrier, gather_step, issue_first_tiles, program_range
 from workbench.bench import common
 from workbench.bench import decode as d
 
@@ -52,16 +52,8 @@ def _gather_stream_kernel(KV, KV_INDICES, KV_INDPTR, OUT, stride_kv, num_splits,
                                     D_LATENT, D_ROPE, GATHER)
     acc = gl.zeros([BN, D_LATENT], gl.bfloat16, layout=GATHER)
     for i in range(n_tiles):
-        _cta_barrier()
-        nxt = (i + NBUF - 1) % NBUF
-        cols_n = k_lo + (i + NBUF - 1) * BN + t_off
-        ok_n = cols_n < k_hi
-        _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx1, ok_n, stride_kv, D_LATENT, D_ROPE, GATHER)
-        cp.commit_group()
-        cols_nn = cols_n + BN
-        idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
-        cp.wait_group(NBUF - 1)
-        _cta_barrier()
+        idx1 = gather_step(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, i, t_off, idx1, stride_kv, BN, NBUF,
+                           D_LATENT, D_ROPE, GATHER)
         for r in gl.static_range(READS):  # READS reads of the tile's latent part (a barrier between: not merged)
             if r > 0:
                 _cta_barrier()

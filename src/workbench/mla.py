@@ -1722,6 +1722,28 @@ def _launch_merge(mid_o, mid_lse, out, lse, total_rows: int, num_splits: int, cf
         num_warps=cfg.merge_num_warps(total_rows) if not device.interpreter_active() else 1, **opts)
 
 
+def _gluon_destinations(q, out, lse, cfg, num_splits, total_rows):
+    """Where a gluon split kernel writes: ``out`` and ``lse`` with one split (direct), else fresh partials
+    ``(num_splits, total_rows, 512)`` in :func:`partial_dtype` and ``(num_splits, total_rows)`` fp32 LSE."""
+    if num_splits == 1:
+        return out, lse
+    return (torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device),
+            torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
+
+
+def _merge_after_gluon(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, pdl_split, trace=None) -> None:
+    """The second-kernel merge after a gluon split kernel with more than one split: PDL-launched with ``cfg.pdl``,
+    releasing the next kernel early when the split kernel was PDL-launched too; ``trace``: its stamps."""
+    if num_splits == 1:
+        return
+    merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
+    if pdl_split:  # the next call's split kernel waits for the merge: let it launch early
+        merge_opts["LAUNCH_DEPENDENTS"] = True
+    if trace is not None:
+        merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
+    _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
+
+
 def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks) -> None:
     """The split kernel of :mod:`workbench.mla_gluon`, then (more than one split) the second-kernel merge."""
     _check_gluon_call(q, "gluon")
@@ -1734,9 +1756,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     common = dict(NUM_HEADS=heads, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, num_warps=mla_gluon.NUM_WARPS,
                   COALESCED_STORE=cfg.coalesced_store)
     direct = num_splits == 1  # one split writes the final output; more write partials for the merge
-    o_dst, lse_dst = (out, lse) if direct else (
-        torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device),
-        torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
+    o_dst, lse_dst = _gluon_destinations(q, out, lse, cfg, num_splits, total_rows)
     # both kernels take (head, tail); the cluster-capable one also the final outputs between them
     head = (q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst)
     tail = (cache.stride(0), total_rows, scale * _LOG2E, num_splits)
@@ -1765,11 +1785,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
         compiled = mla_gluon.mla_decode_gluon_split_kernel[grid](*args, DIRECT=direct, BN=cfg.block_n,
                                                                   NBUF=cfg.num_stages, **common)
     _note_compiled(cfg, compiled)
-    if not direct:
-        merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
-        if common.get("PDL"):  # the next call's split kernel waits for the merge: let it launch early
-            merge_opts["LAUNCH_DEPENDENTS"] = True
-        _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
+    _merge_after_gluon(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, bool(common.get("PDL")))
 
 
 def _check_gluon_call(q: torch.Tensor, what: str) -> None:
@@ -1791,10 +1807,7 @@ def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, sca
     total_q, heads, _ = q.shape
     num_reqs = qo_indptr.numel() - 1
     total_rows = total_q * heads
-    direct = num_splits == 1  # one split writes the final output; more write partials for the merge
-    o_dst, lse_dst = (out, lse) if direct else (
-        torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device),
-        torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device))
+    o_dst, lse_dst = _gluon_destinations(q, out, lse, cfg, num_splits, total_rows)
     opts: dict[str, Any] = {}
     if cfg.pdl_split and device.pdl_available(q.device):  # waits before its first read; the merge launches early
         opts.update(PDL=True, launch_pdl=True)
@@ -1802,16 +1815,10 @@ def _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, sca
         opts.update(TRACE_BUF=trace[0], TRACE=True, TRACE_SLOTS=TRACE_SLOTS.value, TRACE_TILES=TRACE_TILES.value)
     compiled = mla_gluon_swap.mla_decode_gluon_swap_kernel[(row_blocks, num_splits, num_reqs)](
         q, cache, kv_indices, qo_indptr, kv_indptr, o_dst, lse_dst, cache.stride(0), total_rows, scale * _LOG2E,
-        num_splits, NUM_HEADS=heads, DIRECT=direct, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM, BR=cfg.block_m,
-        num_warps=cfg.num_warps, **opts)
+        num_splits, NUM_HEADS=heads, DIRECT=num_splits == 1, D_LATENT=KV_LORA_RANK, D_ROPE=QK_ROPE_HEAD_DIM,
+        BR=cfg.block_m, num_warps=cfg.num_warps, **opts)
     _note_compiled(cfg, compiled)
-    if not direct:
-        merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if cfg.pdl else {}
-        if opts.get("PDL"):  # the next call's split kernel waits for the merge: let it launch early
-            merge_opts["LAUNCH_DEPENDENTS"] = True
-        if trace is not None:
-            merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
-        _launch_merge(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, **merge_opts)
+    _merge_after_gluon(o_dst, lse_dst, out, lse, total_rows, num_splits, cfg, bool(opts.get("PDL")), trace)
 
 
 def merge_programs(total_rows: int, cfg: TritonConfig, num_splits: int = 1) -> int:

@@ -37,8 +37,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma, warpgroup_mma_wait
 
 __all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "PARTIAL_LAYOUT", "cluster_capacity",
-           "cluster_merge_layout", "issue_first_tiles", "launch_clustered", "mla_decode_gluon_split_kernel",
-           "partial_descriptor", "staging_buffer", "store_rows_coalesced"]
+           "cluster_merge_layout", "gather_step", "globaltimer", "issue_first_tiles", "launch_clustered",
+           "load_query_tile", "mla_decode_gluon_split_kernel", "partial_descriptor", "staging_buffer",
+           "start_pipeline", "store_rows_coalesced"]
 
 BLOCK_M = 64  # folded rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64  # cache rows (tokens) per tile
@@ -115,6 +116,63 @@ def issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, s
         cp.commit_group()
     cols1 = k_lo + (NBUF - 1) * BN + t_off
     return t_off, gl.load(KV_INDICES + kv_start + cols1, mask=cols1 < k_hi, other=0)
+
+
+@gluon.jit
+def load_query_tile(q_lat_s, q_rope_s, Q, q_start, row0, n_rows, BM: gl.constexpr, NUM_HEADS: gl.constexpr,
+                    D_LATENT: gl.constexpr, D_ROPE: gl.constexpr, GATHER: gl.constexpr):
+    """Issue the cp.async copies of the query tile: rows ``q_start * H + row0 + r`` (``r < BM``; zero-filled from
+    ``n_rows`` on) of the folded q into the latent and rope buffers. No commit: the first tile's group takes them."""
+    g_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, GATHER))
+    g_row_ok = g_rows < n_rows
+    q_base = Q + (q_start * NUM_HEADS + g_rows).to(gl.int64)[:, None] * (D_LATENT + D_ROPE)
+    d_lat_g = gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, GATHER))
+    d_rope_g = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, GATHER))
+    cp.async_copy_global_to_shared(q_lat_s, q_base + d_lat_g[None, :], mask=g_row_ok[:, None])
+    cp.async_copy_global_to_shared(q_rope_s, q_base + D_LATENT + d_rope_g[None, :], mask=g_row_ok[:, None])
+
+
+@gluon.jit
+def start_pipeline(Q, KV, KV_INDICES, q_start, kv_start, k_lo, k_hi, row0, n_rows, stride_kv, BM: gl.constexpr,
+                   BN: gl.constexpr, NBUF: gl.constexpr, NUM_HEADS: gl.constexpr, D_LATENT: gl.constexpr,
+                   D_ROPE: gl.constexpr, GATHER: gl.constexpr):
+    """The shared memory of a gluon split program and the start of its pipeline: the query tile (``BM`` rows from
+    ``row0``, :func:`load_query_tile`) and ``NBUF`` tile buffers of ``BN`` cache rows (128-byte swizzled, as wgmma
+    reads them), the copies of the query and the first tiles, the indices of the next (:func:`issue_first_tiles`).
+    Returns ``(q_lat_s, q_rope_s, k_lat_s, k_rope_s, t_off, idx)``."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_lat_s = gl.allocate_shared_memory(dtype, [BM, D_LATENT], gl.NVMMASharedLayout.get_default_for([BM, D_LATENT],
+                                                                                                     dtype))
+    q_rope_s = gl.allocate_shared_memory(dtype, [BM, D_ROPE], gl.NVMMASharedLayout.get_default_for([BM, D_ROPE], dtype))
+    k_lat_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT],
+                                        gl.NVMMASharedLayout.get_default_for([BN, D_LATENT], dtype))
+    k_rope_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_ROPE],
+                                         gl.NVMMASharedLayout.get_default_for([BN, D_ROPE], dtype))
+    load_query_tile(q_lat_s, q_rope_s, Q, q_start, row0, n_rows, BM, NUM_HEADS, D_LATENT, D_ROPE, GATHER)
+    t_off, idx = issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN, NBUF,
+                                   D_LATENT, D_ROPE, GATHER)
+    return q_lat_s, q_rope_s, k_lat_s, k_rope_s, t_off, idx
+
+
+@gluon.jit
+def gather_step(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, i, t_off, idx, stride_kv,
+                BN: gl.constexpr, NBUF: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr,
+                GATHER: gl.constexpr):
+    """The top of iteration ``i`` of the gather pipeline that :func:`issue_first_tiles` started. Once every warp is
+    done with tile ``i - 1`` (a barrier; the caller has waited for its reads), its buffer takes the copies of tile
+    ``i + NBUF - 1`` (rows ``idx``, one group), the indices of the tile after are loaded, and this thread waits for
+    tile ``i``'s copies (``NBUF - 1`` groups stay in flight), then every thread (a barrier). Returns the new indices.
+    A caller whose reads go through the async proxy (``wgmma``) still needs ``fence_async_shared()``."""
+    _cta_barrier()
+    nxt = (i + NBUF - 1) % NBUF
+    cols_n = k_lo + (i + NBUF - 1) * BN + t_off
+    _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx, cols_n < k_hi, stride_kv, D_LATENT, D_ROPE, GATHER)
+    cp.commit_group()
+    cols_nn = cols_n + BN
+    idx = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
+    cp.wait_group(NBUF - 1)  # this thread's copies of tile i (and of q) have landed; NBUF - 1 stay in flight
+    _cta_barrier()  # ... and every other thread's
+    return idx
 
 
 @gluon.jit
@@ -244,8 +302,6 @@ def mla_decode_gluon_split_kernel(
                                                   instr_shape=[16, BN // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_LATENT], dtype)
-    ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D_ROPE], dtype)
 
     if CLUSTER > 0:  # axis 0 holds row block x split; a cluster is the CLUSTER consecutive programs of a row block
         pid_m = gl.program_id(0) // CLUSTER
@@ -257,23 +313,11 @@ def mla_decode_gluon_split_kernel(
     q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles = program_range(QO_INDPTR, KV_INDPTR, req, pid_s,
                                                                               num_splits, NUM_HEADS, BN, PDL)
     if pid_m * BM < n_rows:
-        q_lat_s = gl.allocate_shared_memory(dtype, [BM, D_LATENT], LAT_SL)
-        q_rope_s = gl.allocate_shared_memory(dtype, [BM, D_ROPE], ROPE_SL)
-        k_lat_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT], LAT_SL)
-        k_rope_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_ROPE], ROPE_SL)
-
-        # the query tile: rows q_start * H + pid_m * 64 + r of the folded q
-        g_rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, GATHER))
-        g_row_ok = g_rows < n_rows
-        q_base = Q + (q_start * NUM_HEADS + g_rows).to(gl.int64)[:, None] * (D_LATENT + D_ROPE)
-        d_lat_g = gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, GATHER))
-        d_rope_g = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, GATHER))
-        cp.async_copy_global_to_shared(q_lat_s, q_base + d_lat_g[None, :], mask=g_row_ok[:, None])
-        cp.async_copy_global_to_shared(q_rope_s, q_base + D_LATENT + d_rope_g[None, :], mask=g_row_ok[:, None])
-
-        # tiles 0 .. NBUF-2 (one copy group each, the query in the first), and the indices of tile NBUF-1
-        t_off, idx1 = issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN, NBUF,
-                                        D_LATENT, D_ROPE, GATHER)
+        # the query tile (rows q_start * H + pid_m * 64 + r of the folded q), the copies of tiles 0 .. NBUF-2 (one
+        # group each, the query in the first) and the indices of tile NBUF-1
+        q_lat_s, q_rope_s, k_lat_s, k_rope_s, t_off, idx1 = start_pipeline(
+            Q, KV, KV_INDICES, q_start, kv_start, k_lo, k_hi, pid_m * BM, n_rows, stride_kv, BM, BN, NBUF, NUM_HEADS,
+            D_LATENT, D_ROPE, GATHER)
 
         # softmax state in the S layout's rows; the output accumulator in O's layout
         s_rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, S_L))
@@ -286,19 +330,10 @@ def mla_decode_gluon_split_kernel(
 
         for i in range(n_tiles):
             buf = i % NBUF
-            # every warp is done with tile i-1 (its wgmma work was waited for at the end of the last iteration):
-            # its buffer, (i + NBUF - 1) % NBUF, can take tile i + NBUF - 1
-            _cta_barrier()
-            nxt = (i + NBUF - 1) % NBUF
-            cols_n = k_lo + (i + NBUF - 1) * BN + t_off
-            ok_n = cols_n < k_hi
-            _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx1, ok_n, stride_kv, D_LATENT, D_ROPE,
-                         GATHER)
-            cp.commit_group()
-            cols_nn = cols_n + BN
-            idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
-            cp.wait_group(NBUF - 1)  # this thread's copies of tile i (and of q) have landed; NBUF - 1 stay in flight
-            _cta_barrier()  # ... and every other thread's
+            # tile i-1's wgmma work was waited for at the end of the last iteration: its buffer,
+            # (i + NBUF - 1) % NBUF, takes tile i + NBUF - 1; then tile i has landed
+            idx1 = gather_step(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, i, t_off, idx1, stride_kv, BN,
+                               NBUF, D_LATENT, D_ROPE, GATHER)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
 
             k_lat = k_lat_s.index(buf)

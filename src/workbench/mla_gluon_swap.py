@@ -33,8 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from workbench.mla_gluon import (_cta_barrier, _gather_tile, globaltimer, issue_first_tiles, program_range,
-                                  staging_buffer, store_rows_coalesced)
+from workbench.mla_gluon import (_cta_barrier, gather_step, globaltimer, program_range, staging_buffer,
+                                  start_pipeline, store_rows_coalesced)
 
 __all__ = ["BLOCK_N", "NUM_BUFFERS", "ROW_BLOCKS", "WARPS", "mla_decode_gluon_swap_kernel", "num_warps_for"]
 
@@ -101,10 +101,6 @@ def mla_decode_gluon_swap_kernel(
     GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS_C, 1], [1, 0])
     ACC_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGN],
                                                     instr_shape=[16, BR // WGN, 16])
-    LAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_LATENT], dtype)
-    ROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D_ROPE], dtype)
-    QLAT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, D_LATENT], dtype)
-    QROPE_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, D_ROPE], dtype)
     P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BR], dtype)
 
     pid_m = gl.program_id(0)
@@ -117,24 +113,12 @@ def mla_decode_gluon_swap_kernel(
                                                                               num_splits, NUM_HEADS, BN, PDL,
                                                                               trace, TRACE)
     if pid_m * BR < n_rows:
-        q_lat_s = gl.allocate_shared_memory(dtype, [BR, D_LATENT], QLAT_SL)
-        q_rope_s = gl.allocate_shared_memory(dtype, [BR, D_ROPE], QROPE_SL)
-        k_lat_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_LATENT], LAT_SL)
-        k_rope_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D_ROPE], ROPE_SL)
+        # the query tile (rows q_start * H + pid_m * BR + r of the folded q, zero past the request's rows), the
+        # copies of tile 0 (one group, the query in it) and the indices of tile 1; P's buffer
+        q_lat_s, q_rope_s, k_lat_s, k_rope_s, t_off, idx1 = start_pipeline(
+            Q, KV, KV_INDICES, q_start, kv_start, k_lo, k_hi, pid_m * BR, n_rows, stride_kv, BR, BN, NBUF, NUM_HEADS,
+            D_LATENT, D_ROPE, GATHER)
         p_s = gl.allocate_shared_memory(dtype, [BN, BR], P_SL)
-
-        # the query tile: rows q_start * H + pid_m * BR + r of the folded q (zero past the request's rows)
-        g_rows = pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, GATHER))
-        g_row_ok = g_rows < n_rows
-        q_base = Q + (q_start * NUM_HEADS + g_rows).to(gl.int64)[:, None] * (D_LATENT + D_ROPE)
-        d_lat_g = gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, GATHER))
-        d_rope_g = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, GATHER))
-        cp.async_copy_global_to_shared(q_lat_s, q_base + d_lat_g[None, :], mask=g_row_ok[:, None])
-        cp.async_copy_global_to_shared(q_rope_s, q_base + D_LATENT + d_rope_g[None, :], mask=g_row_ok[:, None])
-
-        # tile 0 (one copy group, the query in it) and the indices of tile 1
-        t_off, idx1 = issue_first_tiles(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, stride_kv, BN, NBUF,
-                                        D_LATENT, D_ROPE, GATHER)
 
         # softmax state along the columns (rows of the request), the output accumulator transposed
         s_rows = pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, ACC_L))
@@ -147,19 +131,10 @@ def mla_decode_gluon_swap_kernel(
 
         for i in range(n_tiles):
             buf = i % NBUF
-            # every warp is done with tile i-1 (its wgmma work was waited for at the end of the last iteration):
-            # its buffer takes tile i + 1
-            _cta_barrier()
-            nxt = (i + 1) % NBUF
-            cols_n = k_lo + (i + 1) * BN + t_off
-            ok_n = cols_n < k_hi
-            _gather_tile(k_lat_s.index(nxt), k_rope_s.index(nxt), KV, idx1, ok_n, stride_kv, D_LATENT, D_ROPE,
-                         GATHER)
-            cp.commit_group()
-            cols_nn = cols_n + BN
-            idx1 = gl.load(KV_INDICES + kv_start + cols_nn, mask=cols_nn < k_hi, other=0)
-            cp.wait_group(1)  # this thread's copies of tile i (and of q) have landed; tile i + 1 stays in flight
-            _cta_barrier()  # ... and every other thread's
+            # tile i-1's wgmma work was waited for at the end of the last iteration: its buffer takes tile i + 1;
+            # then tile i has landed
+            idx1 = gather_step(k_lat_s, k_rope_s, KV, KV_INDICES, kv_start, k_lo, k_hi, i, t_off, idx1, stride_kv, BN,
+                               NBUF, D_LATENT, D_ROPE, GATHER)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
 
             k_lat = k_lat_s.index(buf)
