@@ -6,8 +6,9 @@ Round 34 found that the qlen-1 small-batch Triton tile reads about 300 KB of sha
 8 warps each reload the 16-row query), and that 256 KB of shared-memory reads per tile cost a row stream 1.4 us at
 B=16 L=4k. The swapped kernel puts the tokens in wgmma's M: one warpgroup reads the tile and the query once each,
 about 170 KB per tile. Three interleaved rounds under CUDA-graph replay, each variant with the cost model's split
-count for its own config (``default``: the library's config before this probe); first every output is checked against the fp32 golden (``<variant>_golden_max_err``: the
-default's error is the scale of what the library already accepts).
+count for its own config (``default``: the library's config before this probe); first every output is checked
+against the fp32 golden (``<variant>_golden_max_err``: the default's error is the scale of what the library
+already accepts).
 
 Other modes (third argument), each against the library's config of the time:
 

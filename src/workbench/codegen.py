@@ -348,10 +348,11 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
     """Compile :mod:`workbench.mla_gluon_swap`'s split kernel (``block_m`` 16 or 32 folded rows as wgmma's N) for
     Hopper on any machine and report ``regs``, ``spill_bytes``, ``shared`` (bytes), ``wgmma`` (36 for
     ``S^T = K q^T`` over 576 values in k-steps of 16, 32 for ``O^T = V^T P^T``: 8 blocks of 64 output columns x 4
-    k-steps of 16 tokens), ``wgmma_shapes`` (the instruction names: ``m64n<block_m / warpgroups>k16``), ``ldmatrix`` (shared
-    memory read into registers by ``ldmatrix``: none, every product reads its operands from shared memory
-    itself), ``cp_async_wait`` (1 in the loop: the next tile in flight while this one is used) and, with ``pdl``,
-    :func:`pdl_report` of its PTX. ``narrow``: partials in ``dtype`` (as :data:`workbench.mla.GLUON_SWAP_CONFIG`).
+    k-steps of 16 tokens), ``wgmma_shapes`` (the instruction names: ``m64n<block_m / warpgroups>k16``),
+    ``ldmatrix`` (shared memory read into registers by ``ldmatrix``: none, every product reads its operands from
+    shared memory itself), ``cp_async_wait`` (1 in the loop: the next tile in flight while this one is used)
+    and, with ``pdl``, :func:`pdl_report` of its PTX. ``narrow``: partials in ``dtype`` (as
+    :data:`workbench.mla.GLUON_SWAP_CONFIG`).
     ``num_warps``: 4 (one warpgroup) or 8 (two, each with half the rows); default
     :func:`workbench.mla_gluon_swap.num_warps_for`. ``global_stores`` counts the PTX's ``st.global`` kinds (the
     output leaves row-major in 16-byte vectors: ``st.global.v4.b32``). ``trace``: the instrumented variant

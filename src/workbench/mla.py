@@ -1196,7 +1196,8 @@ class TritonConfig:
 
     @property
     def label(self) -> str:
-        return (("gluon " if self.gluon else "") + ("gswap " if self.gluon_swap else "") + ("bal " if self.balanced else "") + ("swap " if self.swap_ab else "")
+        return (("gluon " if self.gluon else "") + ("gswap " if self.gluon_swap else "")
+                + ("bal " if self.balanced else "") + ("swap " if self.swap_ab else "")
                 + ("pf " if self.prefetch else "")
                 + f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
                 + (f" r{self.max_regs}" if self.max_regs else "") + (" ws" if self.warp_specialize else "") + (" ia" if self.idx_ahead else "") + (str(self.idx_dist) if self.idx_dist > 1 else "")

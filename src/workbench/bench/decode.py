@@ -362,7 +362,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("gluon pdls cm", dataclasses.replace(pdls, cluster_merge=True))]
         big_points = [((128, 1, 64, 4096), [None]), ((16, 6, 16, 4096), [None])]
         big_points += [((16, q, b, l), [None]) for q in (4, 8) for b, l in QLEN_PAIRS]
-        mem = [(f"16 default B{b} L{l}", _fp32_partials(mla.triton_config(16, bf, b * l, gluon=False))) for b, l in QLEN_PAIRS]
+        mem = [(f"16 default B{b} L{l}", _fp32_partials(_tile16(b * l))) for b, l in QLEN_PAIRS]
         cases = [(lab, cfg, (16, 1, b, l), [None]) for (lab, cfg), (b, l) in zip(mem, QLEN_PAIRS)]
         cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
         cases.append(big[0] + ((16, 4, 16, 4096), [None]))  # again at the end: run-to-run drift
@@ -376,7 +376,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
                ("gluon 64x64 w8", dataclasses.replace(GLUON_BEFORE_ROUND32, pdl_split=False))]  # as round 20 ran it
         big_points = [((128, 1, 64, 4096), [None])] + [((16, q, b, l), [None]) for q in (4, 8)
                                                          for b, l in QLEN_PAIRS]
-        mem = [(f"16 default B{b} L{l}", _fp32_partials(mla.triton_config(16, bf, b * l, gluon=False))) for b, l in QLEN_PAIRS]
+        mem = [(f"16 default B{b} L{l}", _fp32_partials(_tile16(b * l))) for b, l in QLEN_PAIRS]
         cases = [(lab, cfg, (16, 1, b, l), [None]) for (lab, cfg), (b, l) in zip(mem, QLEN_PAIRS)]
         cases += [(lab, cfg, pt, sp) for lab, cfg in big for pt, sp in big_points]
         cases.append(big[0] + big_points[0])  # the default again at the end: run-to-run drift
@@ -385,7 +385,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # The trace: the merge adds 3.0 us after the last split program exits at B=16 L=4k, 2.5 us of it
         # after its PDL wait, for 4 MB of partials. Other merge tiles (rows x columns per program).
         bf = torch.bfloat16
-        small = dataclasses.replace(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), merge_block_r=16,
+        small = dataclasses.replace(_fp32_partials(_tile16(65536)), merge_block_r=16,
                                     merge_block_d=32)
         mem = [("16 small", small)]
         for br, bd in ((16, 16), (8, 32), (8, 64), (32, 16), (16, 64), (8, 16)):
@@ -400,8 +400,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # previous kernel still runs.
         bf = torch.bfloat16
         mem = []
-        for cfg in (_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False))),
-                    _before_pdls(mla.triton_config(16, bf, gluon=False))):
+        for cfg in (_before_pdls(_fp32_partials(_tile16(65536))),
+                    _before_pdls(_tile16())):
             p = dataclasses.replace(cfg, pdl_split=True)
             mem += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -419,9 +419,9 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # same iteration as the gather that needs it, from DRAM. Here the split's indices are prefetched into
         # L1 or L2 before the loop, so those loads hit a cache.
         bf = torch.bfloat16
-        small = dataclasses.replace(_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False))),
+        small = dataclasses.replace(_before_pdls(_fp32_partials(_tile16(65536))),
                                     pdl_split=True)
-        large = _before_pdls(mla.triton_config(16, bf, gluon=False))
+        large = _before_pdls(_tile16())
         mem = [("16 small pdls", small)]
         mem += [(c.label, c) for c in (dataclasses.replace(small, idx_prefetch=1), dataclasses.replace(small, idx_prefetch=2),
                                        dataclasses.replace(small, block_n=32, num_stages=5, idx_prefetch=1),
@@ -441,7 +441,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # 74 KB, in the small-batch default); indices 2-3 tiles ahead had broken the pipeline. Deeper
         # 32-token pipelines, all with pdls (round 15: -1 us at B=16 L=4k, neutral elsewhere).
         bf = torch.bfloat16
-        small = dataclasses.replace(_before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False))), pdl_split=True)
+        small = dataclasses.replace(_before_pdls(_fp32_partials(_tile16(65536))), pdl_split=True)
         mem = [("16 small pdls", small)]
         for w, st in ((8, 4), (8, 5), (8, 6), (4, 5), (4, 6)):
             cfg = dataclasses.replace(small, block_n=32, num_warps=w, num_stages=st)
@@ -456,8 +456,8 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # 2-3 tiles ahead so that a deeper pipeline can issue the row gather further ahead; and PDL launches of
         # the split kernel too (pdls).
         bf = torch.bfloat16
-        small = _before_pdls(_fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)))
-        large = _before_pdls(mla.triton_config(16, bf, gluon=False))
+        small = _before_pdls(_fp32_partials(_tile16(65536)))
+        large = _before_pdls(_tile16())
         ps = dict(pdl_split=True)
         mem = [("16 small", small), ("16 small pdls", dataclasses.replace(small, **ps))]
         for w, st, dist in ((8, 4, 2), (8, 5, 3), (4, 4, 2), (4, 5, 3), (8, 3, 1)):
@@ -476,7 +476,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
     elif round_ == 14:
         bf = torch.bfloat16
         fz = dict(fused_merge=True, merge_overhead_tokens=0, merge_tokens_per_split=32)
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
+        small, large = _fp32_partials(_tile16(65536)), _tile16()
         mem = [("16 small", small), ("16 small fused", dataclasses.replace(small, **fz)),
                ("16 large", large), ("16 large fused", dataclasses.replace(large, **fz))]
         mem_points = [((16, 1, 16, 4096), [None, 8]), ((16, 1, 64, 4096), [None]), ((16, 1, 64, 32768), [None]),
@@ -487,7 +487,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         old = mem[0]
     elif round_ == 13:
         bf = torch.bfloat16
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
+        small, large = _fp32_partials(_tile16(65536)), _tile16()
         mem = [("16 small", small), ("16 large", large)]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
                       ((16, 1, 64, 4096), [None]), ((16, 1, 1, 32768), [None]), ((16, 1, 128, 1024), [None])]
@@ -497,7 +497,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         old = mem[0]
     elif round_ == 12:
         bf = torch.bfloat16
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
+        small, large = _fp32_partials(_tile16(65536)), _tile16()
         mem = [("16 small", small)] + [(f"16 small l2+{d}", dataclasses.replace(small, l2_ahead=d)) for d in (2, 3, 5)]
         mem += [("16 large", large)] + [(f"16 large l2+{d}", dataclasses.replace(large, l2_ahead=d)) for d in (2, 4, 6)]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -510,7 +510,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
     elif round_ == 11:
         bf = torch.bfloat16
         nopdl = dict(pdl=False)
-        small, large = _fp32_partials(mla.triton_config(16, bf, 65536, gluon=False)), mla.triton_config(16, bf, gluon=False)
+        small, large = _fp32_partials(_tile16(65536)), _tile16()
         mem = [("16 small", small), ("16 small no pdl", dataclasses.replace(small, **nopdl)),
                ("16 large", large), ("16 large no pdl", dataclasses.replace(large, **nopdl))]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -754,6 +754,12 @@ def time_split_only(pool: CachePool, heads: int, qlen: int, batch: int, context:
         x["q"], x["kv_cache"], x["kv_indices"], x["qo_indptr"], x["kv_indptr"], mid_o, mid_lse, mid_o, mid_lse,
         x["kv_indptr"], x["kv_cache"].stride(0), total_rows, scale, num_splits, DIRECT=False, FUSED_MERGE=False,
         **mla.split_kernel_options(cfg, heads, x["q"].dtype, pool.device)))
+
+
+def _tile16(tokens: int | None = None) -> mla.TritonConfig:
+    """The library's 16-row Triton tile for a call of ``tokens`` KV tokens (bf16; what the explore rounds ran,
+    before the swapped gluon kernel became the default on Hopper)."""
+    return mla.triton_config(16, torch.bfloat16, tokens, gluon=False)
 
 
 def pre_swap_config(rows: int, tokens: int, batch: int, sm_count: int, *,
