@@ -1,4 +1,4 @@
-"""A Gluon split kernel for memory-bound MLA decode with few rows per request (16 heads x qlen 1), Hopper only.
+"""A Gluon split kernel for memory-bound MLA decode with few rows per request (16 heads x qlen 1 or 2), Hopper only.
 
 Chapter 3's round 34 found where the qlen-1 small-batch Triton tile (16 rows x 64 tokens, 8 warps, ``mma.sync``)
 loses time against a kernel that only streams the rows: its loop reads about 300 KB of shared memory per tile
@@ -13,17 +13,20 @@ kernel puts the tokens where ``wgmma`` wants its 64 rows instead (``swap AB``):
 
 About 170 KB of shared-memory reads per tile (72 KB + 64 KB of cache rows, the query, P once per 64 output
 columns) instead of about 300 KB, on 4 warps (one warpgroup: the M of both products is a multiple of 64). The
-output or partial leaves row-major in 16-byte vectors through the idle tile buffers.
+gather pipeline (``cp.async`` rows by index, zero-filled past the end, two tile buffers, indices one tile ahead)
+and the prologue are :mod:`workbench.mla_gluon`'s. The output or partial leaves row-major in 16-byte vectors
+through the idle tile buffers; partials have the Triton split kernel's format, so
+:func:`workbench.mla.mla_decode_triton`'s merge kernel combines them. With ``TRACE`` every program stamps
+``%globaltimer`` as the Triton split kernel does (``mla_decode_triton(..., trace=)``).
 
 On 8 warps two warpgroups sit side by side along the rows (N), each with half of them: that is the only way to
 64 rows (on one warpgroup its ``(512, 64)`` fp32 accumulator would need 256 registers per thread), but each
 warpgroup then reads the whole tile. Measured on an H200 (chapter 3, round 36b) both 8-warp forms were slower
 than the defaults they were compared with: 64 rows by 13-38 % against the 64-row kernels of
-:mod:`workbench.mla_gluon`, 16 and 32 rows by 7-18 % against one warpgroup. They stay for the measurement. The
-gather pipeline (``cp.async`` rows by index, zero-filled past the end, two tile buffers, indices one tile ahead)
-and the prologue are :mod:`workbench.mla_gluon`'s. The partial outputs have the Triton split kernel's format, so
-:func:`workbench.mla.mla_decode_triton`'s merge kernel combines them. NVIDIA sm_90 only, 16-bit dtypes only;
-chosen by ``TritonConfig(gluon=True, gluon_swap=True)``.
+:mod:`workbench.mla_gluon`, 16 and 32 rows by 7-18 % against one warpgroup. They stay for the measurement.
+
+NVIDIA sm_90 only, 16-bit dtypes only; chosen by ``TritonConfig(gluon_swap=True)``, which
+:func:`workbench.mla.triton_config` returns for at most 32 rows per request on Hopper (round 36).
 """
 
 from __future__ import annotations
