@@ -1440,6 +1440,16 @@ def test_decode_trace_figure_from_committed_trace():
         vmla.decode_trace_figure(data, label="nope")
     with pytest.raises(ValueError, match="has no per-program timeline"):
         vmla.trace_segments(next(r for r in rows if not r.get("timeline")))
+    # the swapped gluon kernel's trace (round 36): its merge programs launch early and wait at their PDL wait
+    swap = [r for r in data["explore"]["trace_round36"]["rows"] if r.get("timeline")]
+    assert len(swap) == 1 and swap[0]["label"].startswith("gswap 16x64 w4")
+    seg = vmla.trace_segments(swap[0])
+    assert len(seg["split"]) == swap[0]["num_splits"] * 16
+    last_split_exit = max(p[3][0] + p[3][1] for p in seg["split"])
+    assert min(m[2] for m in seg["merge"]) >= last_split_exit > min(m[0] for m in seg["merge"])
+    fig = vmla.decode_trace_figure(data, source="trace_round36")
+    assert fig.data[-1].name == "merge program" and min(fig.data[-1].base) >= last_split_exit
+    assert "gswap" in fig.layout.title.text
 
 
 def test_quick_grid_has_every_point_the_bars_need():

@@ -204,12 +204,15 @@ def trace_segments(row: dict[str, Any]) -> dict[str, Any]:
     return {"split": split, "merge": merge}
 
 
-def decode_trace_figure(data: dict[str, Any] | None = None, label: str | None = None) -> go.Figure:
+def decode_trace_figure(data: dict[str, Any] | None = None, label: str | None = None,
+                        source: str = "trace") -> go.Figure:
     """One call at B=16 L=4k as the GPU ran it (``workbench bench decode --trace``): a bar per split program
-    (its PDL wait, first tile, later tiles, and the work after its last tile) and per merge program, from
-    %globaltimer stamps. ``label``: which traced config (default: the first with a timeline)."""
+    (its PDL wait, first tile, later tiles, and the work after its last tile) and per merge program (from the
+    return of its PDL wait to its exit: a merge launched early waits idle before that), from %globaltimer
+    stamps. ``label``: which traced config (default: the first with a timeline); ``source``: the ``explore``
+    entry that holds the traces (``"trace_round36"``: the swapped gluon kernel's)."""
     data = load_decode_results() if data is None else data
-    rows = [r for r in (data or {}).get("explore", {}).get("trace", {}).get("rows", []) if r.get("timeline")]
+    rows = [r for r in (data or {}).get("explore", {}).get(source, {}).get("rows", []) if r.get("timeline")]
     fig = go.Figure()
     row = next((r for r in rows if label is None or r["label"] == label), None)
     if label is not None and row is None:
@@ -224,7 +227,7 @@ def decode_trace_figure(data: dict[str, Any] | None = None, label: str | None = 
                              x=[p[i][1] for p in seg["split"]], marker={"color": color, "line": {"width": 0}},
                              name=name, width=1.0))
     fig.add_trace(go.Bar(orientation="h", y=[n + 2 + j for j in range(len(seg["merge"]))],
-                         base=[m[0] for m in seg["merge"]], x=[m[1] for m in seg["merge"]],
+                         base=[m[2] for m in seg["merge"]], x=[m[0] + m[1] - m[2] for m in seg["merge"]],
                          marker={"color": "#d62728", "line": {"width": 0}}, name="merge program", width=1.0))
     m = row["summary"]["median"]
     fig.update_layout(
