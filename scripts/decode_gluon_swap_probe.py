@@ -35,11 +35,7 @@ POINTS = tuple((16, 1, b, l) for b, l in ((1, 1024), (1, 4096), (1, 8192), (1, 3
                                           (128, 8192))) + ((16, 2, 16, 4096), (16, 2, 64, 4096), (16, 2, 1, 4096))
 
 
-def swap_config(rows: int) -> mla.TritonConfig:
-    return mla.gluon_swap_config(rows)  # the library's default since this probe (first run: the same config)
-
-
-def golden_errors(points, make=swap_config, base=d.pre_swap_config, log=print) -> list[dict]:
+def golden_errors(points, make=mla.gluon_swap_config, base=d.pre_swap_config, log=print) -> list[dict]:
     """Largest |out - golden| of each variant at each point (one call each)."""
     dev = common.require_gpu()
     pool = d.CachePool(max(b * l for _, _, b, l in points), torch.bfloat16, dev)
@@ -81,7 +77,8 @@ MODES = {  # mode: (points, the variant's config for a row count, the baseline)
 if __name__ == "__main__":
     out = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    points, make, base = POINTS, swap_config, d.pre_swap_config
+    # the variant: the library's default since this probe (the first run's config was the same)
+    points, make, base = POINTS, mla.gluon_swap_config, d.pre_swap_config
     if sys.argv[3:]:
         points, make, base = MODES[sys.argv[3]]
     errs = golden_errors(points, make, base)

@@ -90,6 +90,16 @@ _TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared")  # a TM
 _GLOBAL_WRITE = re.compile(r"\b(?:st\.global|red\.global|atom\.global)")
 
 
+def _async_waits(ptx: str) -> list[int]:
+    """The distinct ``cp.async.wait_group`` counts of a PTX (the copy groups each wait leaves in flight)."""
+    return sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)})
+
+
+def _global_stores(ptx: str) -> dict[str, int]:
+    """How many ``st.global`` instructions of each kind a PTX has (``st.global.v4.b32``: 16-byte vectors)."""
+    return dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items()))
+
+
 def pdl_report(ptx: str) -> dict[str, Any]:
     """PDL facts of a kernel's PTX: ``has_wait`` (``griddepcontrol.wait``), ``global_reads_before_wait`` (global
     loads, asynchronous copies and prefetches that come before the first wait in the PTX text; all of them when
@@ -107,7 +117,7 @@ def pdl_report(ptx: str) -> dict[str, Any]:
     return {"has_wait": wait >= 0,
             "global_reads_before_wait": len(_GLOBAL_READ.findall(before)),
             "l2_only_reads_before_wait": len(re.findall(r"\bld\.global\.cg\b|\bprefetch\.global\.L2\b", before)),
-            "global_writes_before_wait": len(_GLOBAL_WRITE.findall(ptx[:wait] if wait >= 0 else ptx)),
+            "global_writes_before_wait": len(_GLOBAL_WRITE.findall(before)),
             "has_launch_dependents": trigger >= 0,
             "launch_dependents_after_wait": trigger >= 0 and wait >= 0 and trigger > wait}
 
@@ -334,10 +344,10 @@ def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf
         extra["PART_DESC"] = f"tensordesc<fp32[{mla_gluon.BLOCK_M}, 512],{mla_gluon.PARTIAL_LAYOUT!r}>"
     _, ptx, report = _compile_gluon(mla_gluon.mla_decode_gluon_split_kernel, dtype, direct, consts,
                                     dict(num_warps=mla_gluon.NUM_WARPS), "gluon", extra)
-    return dict(report, cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
+    return dict(report, cp_async_wait=_async_waits(ptx),
                 cluster_barriers=len(re.findall(r"barrier\.cluster\.arrive", ptx)),
                 tma_stores=len(_TMA_STORE.findall(ptx)),
-                global_stores=dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items())),
+                global_stores=_global_stores(ptx),
                 bulk_waits=len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
                 pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
 
@@ -374,8 +384,8 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
     return dict(report, wgmma_shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
                 ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)), num_warps=warps,
                 globaltimer=len(re.findall(r"%globaltimer", ptx)),
-                global_stores=dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items())),
-                cp_async_wait=sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)}),
+                global_stores=_global_stores(ptx),
+                cp_async_wait=_async_waits(ptx),
                 pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
 
 
@@ -396,7 +406,7 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
                                     dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws",
                                     {"OUT": f"*{dtype}"} if narrow else None)
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
-                global_stores=dict(sorted(collections.Counter(re.findall(r"st\.global[\w.]*", ptx)).items())),
+                global_stores=_global_stores(ptx),
                 pdl=pdl_report(ptx))
 
 

@@ -385,8 +385,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # The trace: the merge adds 3.0 us after the last split program exits at B=16 L=4k, 2.5 us of it
         # after its PDL wait, for 4 MB of partials. Other merge tiles (rows x columns per program).
         bf = torch.bfloat16
-        small = dataclasses.replace(_fp32_partials(_tile16(65536)), merge_block_r=16,
-                                    merge_block_d=32)
+        small = dataclasses.replace(_fp32_partials(_tile16(65536)), merge_block_r=16, merge_block_d=32)
         mem = [("16 small", small)]
         for br, bd in ((16, 16), (8, 32), (8, 64), (32, 16), (16, 64), (8, 16)):
             mem.append((f"16 small merge {br}x{bd}", dataclasses.replace(small, merge_block_r=br, merge_block_d=bd)))
@@ -400,8 +399,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # previous kernel still runs.
         bf = torch.bfloat16
         mem = []
-        for cfg in (_before_pdls(_fp32_partials(_tile16(65536))),
-                    _before_pdls(_tile16())):
+        for cfg in (_before_pdls(_fp32_partials(_tile16(65536))), _before_pdls(_tile16())):
             p = dataclasses.replace(cfg, pdl_split=True)
             mem += [(c.label, c) for c in (cfg, p, dataclasses.replace(p, meta_before_wait=True))]
         mem_points = [((16, 1, 16, 4096), [None]), ((16, 1, 64, 32768), [None]), ((16, 1, 128, 8192), [None]),
@@ -419,8 +417,7 @@ def _explore_cases(round_: int = 2) -> list[tuple[str, mla.TritonConfig, tuple[i
         # same iteration as the gather that needs it, from DRAM. Here the split's indices are prefetched into
         # L1 or L2 before the loop, so those loads hit a cache.
         bf = torch.bfloat16
-        small = dataclasses.replace(_before_pdls(_fp32_partials(_tile16(65536))),
-                                    pdl_split=True)
+        small = dataclasses.replace(_before_pdls(_fp32_partials(_tile16(65536))), pdl_split=True)
         large = _before_pdls(_tile16())
         mem = [("16 small pdls", small)]
         mem += [(c.label, c) for c in (dataclasses.replace(small, idx_prefetch=1), dataclasses.replace(small, idx_prefetch=2),
@@ -843,10 +840,12 @@ def trace_point(pool: CachePool, heads: int, qlen: int, batch: int, context: int
     it is instrumented (the Triton split kernel, the swapped gluon kernel and the merge); else the Triton kernel's
     (``gluon=False``: the 64-row gluon kernels are not instrumented)."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
-    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
-                                      sm_count=mla._sm_count(pool.device))
-    if cfg.gluon:
-        cfg = mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), gluon=False)
+    cfg = config
+    if cfg is None:
+        cfg = mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
+                                sm_count=mla._sm_count(pool.device))
+        if cfg.gluon:  # (a gluon config passed in is not replaced: mla_decode_triton refuses to trace it)
+            cfg = mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), gluon=False)
     row_blocks = -(-qlen * heads // cfg.block_m)
     splits = num_splits or mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
     out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
