@@ -23,7 +23,8 @@ from workbench import codegen, device, mla
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
-                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace")
+                "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
+                "gluon_ws_early")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -75,6 +76,8 @@ out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narr
 out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d, narrow=not d, num_warps=w), block_m=bm,
                           direct=d) for bm, w in ((16, 4), (32, 4), (64, 8), (32, 8)) for d in (False, True)]
 out["gluon_swap_trace"] = codegen.gluon_swap_kernel_report(trace=True)
+out["gluon_ws_early"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, early=True),
+                         codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True, early=True)]
 print(json.dumps(out))
 """
 
@@ -353,6 +356,21 @@ def test_warp_specialised_kernel_stores_rows_in_16_byte_vectors(reports):
         assert "st.global.v2.b32" not in r["global_stores"], r["global_stores"]
         assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and r["shared"] - plain["shared"] <= 256, (r["shared"], plain)
         assert r["spill_bytes"] <= 48 and r["pdl"]["global_reads_before_wait"] == 0, r
+
+
+def test_ws_early_schedule_leaves_one_product_in_flight_for_the_softmax(reports):
+    """``ws_early`` (round 37): in each warpgroup function the loop's wait for its own S leaves one group in flight
+    (the other warpgroup's P V, issued after S), so two ``wgmma.wait_group 1`` in the PTX (none in the first
+    schedule); the peeled first tile adds one S and one P V to warpgroup 0's function (36 + 2 wgmma); it fits
+    beside the first schedule's shared memory (two more mbarriers), stores in 16-byte vectors, reads nothing before
+    the PDL wait, and spills no more than the coalesced first schedule plus 16 bytes."""
+    first = reports["gluon_ws_cst"]
+    for r, f in zip(reports["gluon_ws_early"], first):
+        assert r["wgmma_waits"].get(1) == 2 and f["wgmma_waits"].get(1) is None, (r["wgmma_waits"], f["wgmma_waits"])
+        assert r["wgmma"] == f["wgmma"] + 38, (r["wgmma"], f["wgmma"])
+        assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and abs(r["shared"] - f["shared"]) <= 256, (r, f)
+        assert r["global_stores"].get("st.global.v4.b32", 0) >= 32 and len(r["partition_barriers"]) >= 2, r
+        assert r["pdl"]["global_reads_before_wait"] == 0 and r["spill_bytes"] <= f["spill_bytes"] + 16, (r, f)
 
 
 def test_prefetch_before_wait_reads_only_through_l2_before_the_wait(reports):

@@ -46,9 +46,29 @@ _D_LATENT = gl.constexpr(512)  # MLA's latent width (also V's)
 _D_ROPE = gl.constexpr(64)
 
 @gluon.jit
-def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False):
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, DONE, OUT, LSE, row0,
-     n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
+def _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero):
+    """Issue ``S = q k^T`` of the tile in buffer ``buf`` (latent halves and rope part; three async wgmma)."""
+    s_tok = warpgroup_mma(Q_L0, K_L0.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(Q_L1, K_L1.index(buf).permute((1, 0)), s_tok, is_async=True)
+    return warpgroup_mma(Q_ROPE, K_ROPE.index(buf).permute((1, 0)), s_tok, is_async=True)
+
+
+@gluon.jit
+def _publish(P_S, MY_M, MY_L, MY_A, P_READY, W: gl.constexpr, p16, m_new, l_new, alpha, R4: gl.constexpr):
+    """Publish a tile's ``P`` (slot ``W``) and its row statistics for the other warpgroup, then signal it."""
+    P_S.index(W).store(p16)
+    MY_M.store(gl.convert_layout(m_new, R4))
+    MY_L.store(gl.convert_layout(l_new, R4))
+    MY_A.store(gl.convert_layout(alpha, R4))
+    fence_async_shared()
+    _cta_barrier()
+    mbarrier.arrive(P_READY.index(W))
+
+
+@gluon.jit
+def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False, EARLY: gl.constexpr = False):
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, DONE, OUT,
+     LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
      num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
@@ -78,50 +98,90 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr 
     s_zero = gl.zeros([BM, BN], gl.float32, layout=S_L)
     acc = gl.zeros([BM, HALF], gl.float32, layout=O_L)
 
-    for t in range(W, n_tiles, 2):  # this warpgroup's tiles
-        buf = t % NBUF
-        slot = t % 2
-        # 1. S_t, issued now: it runs while the other warpgroup does its softmax of tile t-1
-        mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
-        fence_async_shared()
-        s_tok = warpgroup_mma(Q_L0, K_L0.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s_tok = warpgroup_mma(Q_L1, K_L1.index(buf).permute((1, 0)), s_tok, is_async=True)
-        s_tok = warpgroup_mma(Q_ROPE, K_ROPE.index(buf).permute((1, 0)), s_tok, is_async=True)
-        # 2. P_{t-1} V_{t-1}, the other warpgroup's tile, once it is published
-        if t >= 1:
+    if EARLY:
+        # the early-softmax schedule: S_t is waited for alone (the other warpgroup's P_{t-1} V_{t-1}, issued after
+        # it, keeps the tensor cores busy during this softmax), so the chain of softmaxes that alternates between
+        # the warpgroups no longer waits for a P V product at each step
+        if W == 0:
+            if n_tiles > 0:  # tile 0: no tile of the other warpgroup before it
+                mbarrier.wait(FULL.index(0), 0)
+                fence_async_shared()
+                s0 = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, 0, s_zero)
+                s0 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, ))
+                p, m_new, alpha, l_new = online_softmax_step(s0, k_lo + s_cols, k_hi, limit, qk_scale,
+                                                             gl.convert_layout(OT_M.load(R4), ROW_S),
+                                                             gl.convert_layout(OT_L.load(R4), ROW_S))
+                p16 = p.to(dtype)
+                _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
+                acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(0),
+                                        acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+                _cta_barrier()
+                mbarrier.arrive(EMPTY.index(0))
+        for t in range(2 - W, n_tiles, 2):  # this warpgroup's later tiles: each has the other's tile t-1 before it
+            buf = t % NBUF
             u = t - 1
+            mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
+            fence_async_shared()
+            s_tok = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
             mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
             fence_async_shared()
             alpha_u = gl.convert_layout(OT_A.load(R4), ROW_O)
-            acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
-                                    acc * alpha_u[:, None], is_async=True)
-            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
-            _cta_barrier()  # every warp of this warpgroup is done with buffer (t-1) % NBUF
+            acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF), acc * alpha_u[:, None], is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))  # S_t only: P_{t-1} V_{t-1} may still run
+            p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale,
+                                                         gl.convert_layout(OT_M.load(R4), ROW_S),
+                                                         gl.convert_layout(OT_L.load(R4), ROW_S))
+            p16 = p.to(dtype)
+            if t - W >= 2:  # the other warpgroup's product with this slot's last P (tile t-2) has completed
+                mbarrier.wait(P_FREE.index(W), ((t - W - 2) // 2) & 1)
+            _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+            _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF and the other's P slot
             mbarrier.arrive(EMPTY.index(u % NBUF))
-        else:
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        # 3. softmax of tile t, from the running max and sum after tile t-1 (slot 1 - slot; slot 1 holds the
-        #    starting values before tile 0)
-        m_prev = gl.convert_layout(OT_M.load(R4), ROW_S)
-        l_prev = gl.convert_layout(OT_L.load(R4), ROW_S)
-        p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale, m_prev,
-                                                     l_prev)
-        p16 = p.to(dtype)
-        # 4. publish P_t and the statistics (the other warpgroup finished with this slot: it published tile t-1
-        #    after its P_{t-2} V_{t-2} completed)
-        P_S.index(W).store(p16)
-        MY_M.store(gl.convert_layout(m_new, R4))
-        MY_L.store(gl.convert_layout(l_new, R4))
-        MY_A.store(gl.convert_layout(alpha, R4))
-        fence_async_shared()
-        _cta_barrier()
-        mbarrier.arrive(P_READY.index(W))
-        # 5. P_t V_t into this warpgroup's half, P from registers
-        acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
-                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-        _cta_barrier()
-        mbarrier.arrive(EMPTY.index(buf))
+            mbarrier.arrive(P_FREE.index(1 - W))
+            acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
+                                    acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+            _cta_barrier()
+            mbarrier.arrive(EMPTY.index(buf))
+    else:
+        for t in range(W, n_tiles, 2):  # this warpgroup's tiles (the first schedule)
+            buf = t % NBUF
+            slot = t % 2
+            # 1. S_t, issued now: it runs while the other warpgroup does its softmax of tile t-1
+            mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
+            fence_async_shared()
+            s_tok = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
+            # 2. P_{t-1} V_{t-1}, the other warpgroup's tile, once it is published
+            if t >= 1:
+                u = t - 1
+                mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+                fence_async_shared()
+                alpha_u = gl.convert_layout(OT_A.load(R4), ROW_O)
+                acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
+                                        acc * alpha_u[:, None], is_async=True)
+                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
+                _cta_barrier()  # every warp of this warpgroup is done with buffer (t-1) % NBUF
+                mbarrier.arrive(EMPTY.index(u % NBUF))
+            else:
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+            # 3. softmax of tile t, from the running max and sum after tile t-1 (slot 1 - slot; slot 1 holds the
+            #    starting values before tile 0)
+            m_prev = gl.convert_layout(OT_M.load(R4), ROW_S)
+            l_prev = gl.convert_layout(OT_L.load(R4), ROW_S)
+            p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale, m_prev,
+                                                         l_prev)
+            p16 = p.to(dtype)
+            # 4. publish P_t and the statistics (the other warpgroup finished with this slot: it published tile t-1
+            #    after its P_{t-2} V_{t-2} completed)
+            _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
+            # 5. P_t V_t into this warpgroup's half, P from registers
+            acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
+                                    acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+            _cta_barrier()
+            mbarrier.arrive(EMPTY.index(buf))
     # the last tile, when it is the other warpgroup's
     u = n_tiles - 1
     if (u >= 0) & (u % 2 != W):
@@ -210,11 +270,31 @@ def _consumer1_partial_cst(a):
 
 
 @gluon.jit
+def _consumer0_direct_early(a):
+    _consumer(a, 0, True, True, True)
+
+
+@gluon.jit
+def _consumer1_direct_early(a):
+    _consumer(a, 1, True, True, True)
+
+
+@gluon.jit
+def _consumer0_partial_early(a):
+    _consumer(a, 0, False, True, True)
+
+
+@gluon.jit
+def _consumer1_partial_early(a):
+    _consumer(a, 1, False, True, True)
+
+
+@gluon.jit
 def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, DONE, OUT, LSE, row0,
-     n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, DONE, OUT,
+     LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
      num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     D_ROPE: gl.constexpr = _D_ROPE
@@ -247,6 +327,8 @@ def mla_decode_gluon_ws_kernel(
     PDL: gl.constexpr = False,
     COALESCED_STORE: gl.constexpr = False,  # each warpgroup's half of the output or partial staged in its half of
     #                                         the latent tile buffers and stored row-major in 16-byte vectors
+    EARLY: gl.constexpr = False,  # (with COALESCED_STORE) each softmax waits for its own S only, not for the
+    #                               other warpgroup's P V issued after it (round 37): TritonConfig.ws_early
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 32
@@ -282,6 +364,7 @@ def mla_decode_gluon_ws_kernel(
         full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(done.index(0), count=2)  # both warpgroups, after their last tile (COALESCED_STORE)
         for i in gl.static_range(NBUF):
@@ -289,6 +372,7 @@ def mla_decode_gluon_ws_kernel(
             mbarrier.init(empty.index(i), count=2)  # both warpgroups
         for i in gl.static_range(2):
             mbarrier.init(p_ready.index(i), count=1)
+            mbarrier.init(p_free.index(i), count=1)  # EARLY: the other warpgroup's product with P slot i completed
 
         # the query tile, and the starting statistics in slot 1 (read by tile 0)
         G4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -309,11 +393,19 @@ def mla_decode_gluon_ws_kernel(
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, done, OUT,
-                LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV,
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, p_free, done,
+                OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV,
                 KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
-        if DIRECT:
+        if EARLY:
+            gl.static_assert(COALESCED_STORE, "the early-softmax schedule is written for COALESCED_STORE")
+            if DIRECT:
+                gl.warp_specialize([(_consumer0_direct_early, (args, )), (_consumer1_direct_early, (args, )),
+                                    (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([(_consumer0_partial_early, (args, )), (_consumer1_partial_early, (args, )),
+                                    (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+        elif DIRECT:
             if COALESCED_STORE:
                 gl.warp_specialize([(_consumer0_direct_cst, (args, )), (_consumer1_direct_cst, (args, )),
                                     (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
