@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
-                "gluon_ws_early")
+                "gluon_ws_handoff")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -76,8 +76,8 @@ out["gluon_ws_cst"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narr
 out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d, narrow=not d, num_warps=w), block_m=bm,
                           direct=d) for bm, w in ((16, 4), (32, 4), (64, 8), (32, 8)) for d in (False, True)]
 out["gluon_swap_trace"] = codegen.gluon_swap_kernel_report(trace=True)
-out["gluon_ws_early"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, early=True),
-                         codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True, early=True)]
+out["gluon_ws_handoff"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, handoff=True),
+                           codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True, handoff=True)]
 print(json.dumps(out))
 """
 
@@ -358,17 +358,17 @@ def test_warp_specialised_kernel_stores_rows_in_16_byte_vectors(reports):
         assert r["spill_bytes"] <= 48 and r["pdl"]["global_reads_before_wait"] == 0, r
 
 
-def test_ws_early_schedule_leaves_one_product_in_flight_for_the_softmax(reports):
-    """``ws_early`` (round 37): in each warpgroup function the loop's wait for its own S leaves one group in flight
-    (the other warpgroup's P V, issued after S), so two ``wgmma.wait_group 1`` in the PTX (none in the first
-    schedule); the peeled first tile adds one S and one P V to warpgroup 0's function (36 + 2 wgmma); it fits
-    beside the first schedule's shared memory (two more mbarriers), stores in 16-byte vectors, reads nothing before
-    the PDL wait, and spills no more than the coalesced first schedule plus 16 bytes."""
-    first = reports["gluon_ws_cst"]
-    for r, f in zip(reports["gluon_ws_early"], first):
-        assert r["wgmma_waits"].get(1) == 2 and f["wgmma_waits"].get(1) is None, (r["wgmma_waits"], f["wgmma_waits"])
+def test_ws_handoff_schedule_waits_on_the_max_hand_over(reports):
+    """``ws_handoff`` (round 38): besides the first schedule's waits, each warpgroup function waits for the other's
+    running max (in the loop and for the last tile), and warpgroup 0's for the end of the other's product with its
+    P slot, so more mbarrier waits than the first schedule's; the peeled first tile adds one S and one P V to
+    warpgroup 0's function (36 + 2 wgmma); every wgmma wait leaves nothing in flight; no more shared memory than the
+    first schedule (the statistics no longer pass through a blocked layout), 16-byte vector stores, nothing read
+    before the PDL wait, and spills within the coalesced first schedule's plus 16 bytes."""
+    for r, f in zip(reports["gluon_ws_handoff"], reports["gluon_ws_cst"]):
+        assert r["mbarrier_waits"] > f["mbarrier_waits"] and set(r["wgmma_waits"]) == {0}, (r, f)
         assert r["wgmma"] == f["wgmma"] + 38, (r["wgmma"], f["wgmma"])
-        assert r["shared"] <= codegen.GLUON_SMEM_LIMIT and abs(r["shared"] - f["shared"]) <= 256, (r, f)
+        assert r["shared"] <= f["shared"] <= codegen.GLUON_SMEM_LIMIT, (r["shared"], f["shared"])
         assert r["global_stores"].get("st.global.v4.b32", 0) >= 32 and len(r["partition_barriers"]) >= 2, r
         assert r["pdl"]["global_reads_before_wait"] == 0 and r["spill_bytes"] <= f["spill_bytes"] + 16, (r, f)
 

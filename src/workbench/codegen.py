@@ -390,23 +390,23 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
 
 
 def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", coalesced_store: bool = False,
-                           narrow: bool = False, early: bool = False) -> dict[str, Any]:
+                           narrow: bool = False, handoff: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report
     ``shared`` (bytes), ``wgmma`` (per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps of 16,
     2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
     launch's ``maxnreg``; the partitions raise or lower it with setmaxnreg) and ``partition_barriers`` (the
     named barriers of 128 threads that the partitions synchronise on). ``coalesced_store`` and ``narrow`` as for
-    :func:`gluon_kernel_report`, with ``global_stores`` likewise. ``early``: the early-softmax schedule
-    (``TritonConfig.ws_early``, with ``coalesced_store``); ``wgmma_waits`` counts the PTX's ``wgmma.wait_group``
-    instructions by their count of groups left in flight (the schedule's waits for ``S`` alone leave 1)."""
+    :func:`gluon_kernel_report`, with ``global_stores`` likewise. ``handoff``: the hand-over schedule
+    (``TritonConfig.ws_handoff``, with ``coalesced_store``); ``wgmma_waits`` counts the PTX's ``wgmma.wait_group``
+    instructions by their count of groups left in flight; ``mbarrier_waits`` the mbarrier waits (``try_wait``)."""
     from workbench import mla_gluon_ws
 
     if narrow and direct:
         raise ValueError("narrow is a mode of the partials: it needs direct=False")
-    if early and not coalesced_store:
-        raise ValueError("early is written for the coalesced store: it needs coalesced_store=True")
+    if handoff and not coalesced_store:
+        raise ValueError("handoff is written for the coalesced store: it needs coalesced_store=True")
     _, ptx, report = _compile_gluon(mla_gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store, EARLY=early),
+                                    dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store, HANDOFF=handoff),
                                     dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws",
                                     {"OUT": f"*{dtype}"} if narrow else None)
     waits: dict[int, int] = {}
@@ -414,6 +414,7 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
         waits[int(n)] = waits.get(int(n), 0) + 1
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
                 global_stores=_global_stores(ptx), wgmma_waits=waits,
+                mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
                 pdl=pdl_report(ptx))
 
 

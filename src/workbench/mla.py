@@ -1068,12 +1068,11 @@ class TritonConfig:
     coalesced_store: bool = False  # gluon kernels only (not with cluster_merge or tma_store): the output or partial
     #                                is staged in the idle tile buffers and stored row-major in 16-byte vectors (512
     #                                contiguous bytes per warp store) instead of from the wgmma accumulator layout
-    ws_early: bool = False  # gluon_ws with coalesced_store only: each warpgroup waits for its own S product alone
-    #                         before its softmax, leaving the other warpgroup's P V (issued after it) in flight, so
-    #                         the softmaxes that alternate between the warpgroups no longer wait for a product each
-    #                         (round 37); a third mbarrier pair says when a P slot may be overwritten. Same values
     #                                (8 rows x 32 bytes per warp store). Round 32: level alone with fp32 partials,
     #                                9-15 % faster at small calls with narrow_partials (in GLUON_CONFIG)
+    ws_handoff: bool = False  # gluon_ws with coalesced_store only: the hand-over schedule (round 38): only the
+    #                           running max passes between the two warpgroups in tile order (published before the
+    #                           exponentials); each keeps its own share of the running sum, added after the last tile
     gluon_swap: bool = False  # the split kernel of workbench.mla_gluon_swap (Hopper, 16-bit, 16 or 32 rows x 64
     #                           tokens on one warpgroup): the products transposed on wgmma (tokens as M), so the
     #                           query and each tile are read from shared memory once per tile (thirteenth session,
@@ -1128,8 +1127,8 @@ class TritonConfig:
         if self.tma_store and (self.gluon_ws or self.balanced or self.fused_merge or self.spin_merge):
             raise ValueError("tma_store is a mode of the gluon split kernel and of the Triton split kernel with the "
                              "second-kernel merge: it does not go with gluon_ws, balanced, fused_merge or spin_merge")
-        if self.ws_early and not (self.gluon_ws and self.coalesced_store):
-            raise ValueError("ws_early is a schedule of the warp-specialised gluon kernel with the coalesced store: it "
+        if self.ws_handoff and not (self.gluon_ws and self.coalesced_store):
+            raise ValueError("ws_handoff is a schedule of the warp-specialised gluon kernel with the coalesced store: it "
                              "needs gluon_ws=True and coalesced_store=True")
         if self.gluon_ws and (not self.gluon or self.cluster_merge or self.block_n != 64):
             raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True, no cluster_merge and the "
@@ -1199,7 +1198,7 @@ class TritonConfig:
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
                 self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
-                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait, self.gluon_swap, self.ws_early)
+                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait, self.gluon_swap, self.ws_handoff)
 
     @property
     def label(self) -> str:
@@ -1214,7 +1213,7 @@ class TritonConfig:
                 + (" cm" if self.cluster_merge else "") + (" ws" if self.gluon_ws else "")
                 + (" spin" if self.spin_merge else "") + (" tma" if self.tma_store else "")
                 + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else "")
-                + (" cst" if self.coalesced_store else "") + (" early" if self.ws_early else "")
+                + (" cst" if self.coalesced_store else "") + (" ho" if self.ws_handoff else "")
                 + (f" pbw{self.prefetch_before_wait}" if self.prefetch_before_wait else ""))
 
     def resident_per_sm(self) -> int:
@@ -1775,7 +1774,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
         from workbench import mla_gluon_ws
 
         compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
-            *head, *tail, DIRECT=direct, EARLY=cfg.ws_early,
+            *head, *tail, DIRECT=direct, HANDOFF=cfg.ws_handoff,
             **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
     else:
         if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:

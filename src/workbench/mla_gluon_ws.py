@@ -66,9 +66,9 @@ def _publish(P_S, MY_M, MY_L, MY_A, P_READY, W: gl.constexpr, p16, m_new, l_new,
 
 
 @gluon.jit
-def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False, EARLY: gl.constexpr = False):
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, DONE, OUT,
-     LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
+def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False):
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
+     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
      num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
@@ -98,90 +98,42 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr 
     s_zero = gl.zeros([BM, BN], gl.float32, layout=S_L)
     acc = gl.zeros([BM, HALF], gl.float32, layout=O_L)
 
-    if EARLY:
-        # the early-softmax schedule: S_t is waited for alone (the other warpgroup's P_{t-1} V_{t-1}, issued after
-        # it, keeps the tensor cores busy during this softmax), so the chain of softmaxes that alternates between
-        # the warpgroups no longer waits for a P V product at each step
-        if W == 0:
-            if n_tiles > 0:  # tile 0: no tile of the other warpgroup before it
-                mbarrier.wait(FULL.index(0), 0)
-                fence_async_shared()
-                s0 = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, 0, s_zero)
-                s0 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, ))
-                p, m_new, alpha, l_new = online_softmax_step(s0, k_lo + s_cols, k_hi, limit, qk_scale,
-                                                             gl.convert_layout(OT_M.load(R4), ROW_S),
-                                                             gl.convert_layout(OT_L.load(R4), ROW_S))
-                p16 = p.to(dtype)
-                _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
-                acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(0),
-                                        acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-                _cta_barrier()
-                mbarrier.arrive(EMPTY.index(0))
-        for t in range(2 - W, n_tiles, 2):  # this warpgroup's later tiles: each has the other's tile t-1 before it
-            buf = t % NBUF
+    for t in range(W, n_tiles, 2):  # this warpgroup's tiles
+        buf = t % NBUF
+        slot = t % 2
+        # 1. S_t, issued now: it runs while the other warpgroup does its softmax of tile t-1
+        mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
+        fence_async_shared()
+        s_tok = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
+        # 2. P_{t-1} V_{t-1}, the other warpgroup's tile, once it is published
+        if t >= 1:
             u = t - 1
-            mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
-            fence_async_shared()
-            s_tok = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
             mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
             fence_async_shared()
             alpha_u = gl.convert_layout(OT_A.load(R4), ROW_O)
-            acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF), acc * alpha_u[:, None], is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))  # S_t only: P_{t-1} V_{t-1} may still run
-            p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale,
-                                                         gl.convert_layout(OT_M.load(R4), ROW_S),
-                                                         gl.convert_layout(OT_L.load(R4), ROW_S))
-            p16 = p.to(dtype)
-            if t - W >= 2:  # the other warpgroup's product with this slot's last P (tile t-2) has completed
-                mbarrier.wait(P_FREE.index(W), ((t - W - 2) // 2) & 1)
-            _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-            _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF and the other's P slot
+            acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
+                                    acc * alpha_u[:, None], is_async=True)
+            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
+            _cta_barrier()  # every warp of this warpgroup is done with buffer (t-1) % NBUF
             mbarrier.arrive(EMPTY.index(u % NBUF))
-            mbarrier.arrive(P_FREE.index(1 - W))
-            acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
-                                    acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-            _cta_barrier()
-            mbarrier.arrive(EMPTY.index(buf))
-    else:
-        for t in range(W, n_tiles, 2):  # this warpgroup's tiles (the first schedule)
-            buf = t % NBUF
-            slot = t % 2
-            # 1. S_t, issued now: it runs while the other warpgroup does its softmax of tile t-1
-            mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
-            fence_async_shared()
-            s_tok = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
-            # 2. P_{t-1} V_{t-1}, the other warpgroup's tile, once it is published
-            if t >= 1:
-                u = t - 1
-                mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
-                fence_async_shared()
-                alpha_u = gl.convert_layout(OT_A.load(R4), ROW_O)
-                acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
-                                        acc * alpha_u[:, None], is_async=True)
-                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, acc_tok))
-                _cta_barrier()  # every warp of this warpgroup is done with buffer (t-1) % NBUF
-                mbarrier.arrive(EMPTY.index(u % NBUF))
-            else:
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-            # 3. softmax of tile t, from the running max and sum after tile t-1 (slot 1 - slot; slot 1 holds the
-            #    starting values before tile 0)
-            m_prev = gl.convert_layout(OT_M.load(R4), ROW_S)
-            l_prev = gl.convert_layout(OT_L.load(R4), ROW_S)
-            p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale, m_prev,
-                                                         l_prev)
-            p16 = p.to(dtype)
-            # 4. publish P_t and the statistics (the other warpgroup finished with this slot: it published tile t-1
-            #    after its P_{t-2} V_{t-2} completed)
-            _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
-            # 5. P_t V_t into this warpgroup's half, P from registers
-            acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
-                                    acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-            _cta_barrier()
-            mbarrier.arrive(EMPTY.index(buf))
+        else:
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        # 3. softmax of tile t, from the running max and sum after tile t-1 (slot 1 - slot; slot 1 holds the
+        #    starting values before tile 0)
+        m_prev = gl.convert_layout(OT_M.load(R4), ROW_S)
+        l_prev = gl.convert_layout(OT_L.load(R4), ROW_S)
+        p, m_new, alpha, l_new = online_softmax_step(s, k_lo + t * BN + s_cols, k_hi, limit, qk_scale, m_prev,
+                                                     l_prev)
+        p16 = p.to(dtype)
+        # 4. publish P_t and the statistics (the other warpgroup finished with this slot: it published tile t-1
+        #    after its P_{t-2} V_{t-2} completed)
+        _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
+        # 5. P_t V_t into this warpgroup's half, P from registers
+        acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
+                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+        _cta_barrier()
+        mbarrier.arrive(EMPTY.index(buf))
     # the last tile, when it is the other warpgroup's
     u = n_tiles - 1
     if (u >= 0) & (u % 2 != W):
@@ -230,6 +182,167 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr 
 
 
 @gluon.jit
+def _consumer_handoff(a, W: gl.constexpr, DIRECT: gl.constexpr):
+    """The hand-over schedule (``TritonConfig.ws_handoff``, round 38) of warpgroup ``W``, with the coalesced store.
+
+    What must pass from one warpgroup to the other in tile order is only the running row maximum. Each warpgroup
+    therefore publishes ``m_t`` (``M_READY``) as soon as it has ``S_t``'s row maxima and ``m_{t-1}``, before its
+    exponentials, and ``P_t`` (``P_READY``) after them. Each keeps its own share ``l_W`` of the running sum (its
+    tiles' row sums, rescaled by every tile's factor ``exp2(m_{t-1} - m_t)``, which both warpgroups compute from
+    the published maxima); the two shares are added once, after the last tile. A ``P`` slot is overwritten only
+    after the other warpgroup's product with it has completed (``P_FREE``)."""
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
+     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
+     stride_kv, num_heads) = a
+    D_LATENT: gl.constexpr = _D_LATENT
+    if W == 0:  # slot W: this warpgroup's maxima and, at the end, its share of the sum
+        MY_M, MY_L, OT_M, OT_L, V_MY = M0, L0, M1, L1, K_L0
+    else:
+        MY_M, MY_L, OT_M, OT_L, V_MY = M1, L1, M0, L0, K_L1
+    BM: gl.constexpr = 64
+    BN: gl.constexpr = 32
+    NBUF: gl.constexpr = 4
+    HALF: gl.constexpr = D_LATENT // 2
+    dtype: gl.constexpr = Q_L0.dtype
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    s_rows = gl.arange(0, BM, layout=ROW_S)
+    limit = limit_base + (m0 + s_rows) // num_heads  # key t is visible to its row if t <= limit (bottom-right causal)
+    s_cols = gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=S_L)
+    acc = gl.zeros([BM, HALF], gl.float32, layout=O_L)
+    m_run = gl.full([BM], float("-inf"), gl.float32, layout=ROW_S)  # the running max after the last tile seen
+    l_w = gl.zeros([BM], gl.float32, layout=ROW_S)  # this warpgroup's share of the running sum, at m_run
+
+    if W == 0:
+        if n_tiles > 0:  # tile 0: no tile of the other warpgroup before it
+            mbarrier.wait(FULL.index(0), 0)
+            fence_async_shared()
+            s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, 0, s_zero, k_lo + s_cols, k_hi, limit, qk_scale)
+            m_new = _hand_over_max(s, m_run, MY_M, M_READY, W)
+            p16, alpha, l_w = _probabilities(s, m_run, m_new, l_w, dtype)
+            _publish_p(P_S, P_READY, W, p16)
+            acc = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(0),
+                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _cta_barrier()
+            mbarrier.arrive(EMPTY.index(0))
+            m_run = m_new
+    for t in range(2 - W, n_tiles, 2):  # this warpgroup's later tiles: each follows the other's tile t-1
+        buf = t % NBUF
+        u = t - 1
+        mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
+        fence_async_shared()
+        s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero, k_lo + t * BN + s_cols, k_hi, limit,
+                           qk_scale)
+        # the other warpgroup's tile u: its max, then this tile's max goes out at once
+        mbarrier.wait(M_READY.index(1 - W), (u // 2) & 1)
+        m_u = OT_M.load(ROW_S)
+        m_new = _hand_over_max(s, m_u, MY_M, M_READY, W)
+        # P_u V_u into this half, at tile u's factor
+        alpha_u = gl.exp2(m_run - _finite(m_u))
+        l_w = l_w * alpha_u
+        mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+        fence_async_shared()
+        acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
+                                acc * gl.convert_layout(alpha_u, ROW_O)[:, None], is_async=True)
+        # this tile's probabilities, published once the other's product with this slot's last P has completed
+        p16, alpha, l_w = _probabilities(s, m_u, m_new, l_w, dtype)
+        if t - W >= 2:
+            mbarrier.wait(P_FREE.index(W), ((t - W - 2) // 2) & 1)
+        _publish_p(P_S, P_READY, W, p16)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+        _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF and the other's P slot
+        mbarrier.arrive(EMPTY.index(u % NBUF))
+        mbarrier.arrive(P_FREE.index(1 - W))
+        acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
+                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+        _cta_barrier()
+        mbarrier.arrive(EMPTY.index(buf))
+        m_run = m_new
+    # the last tile, when it is the other warpgroup's
+    u = n_tiles - 1
+    if (u >= 0) & (u % 2 != W):
+        mbarrier.wait(M_READY.index(1 - W), (u // 2) & 1)
+        m_u = OT_M.load(ROW_S)
+        alpha_u = gl.exp2(m_run - _finite(m_u))
+        l_w = l_w * alpha_u
+        mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+        fence_async_shared()
+        acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
+                                acc * gl.convert_layout(alpha_u, ROW_O)[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+        m_run = m_u
+
+    # epilogue: the two shares of the sum meet (each warpgroup stores its own, both arrive on DONE, which also
+    # says that both are done with every tile buffer), then each stages and stores its half of the columns
+    MY_L.store(l_w)
+    _cta_barrier()
+    mbarrier.arrive(DONE.index(0))
+    mbarrier.wait(DONE.index(0), 0)
+    l_s = l_w + OT_L.load(ROW_S)
+    l_o = gl.convert_layout(l_s, ROW_O)
+    out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+    store_rows_coalesced(OUT, staging_buffer(V_MY, OUT.dtype.element_ty, BM, HALF), out,
+                         row0 if DIRECT else out_base + row0, n_rows, W * HALF, BM, HALF, 4)
+    if W == 0:
+        lse = gl.where(l_s > 0.0, (m_run + gl.log2(gl.where(l_s > 0.0, l_s, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse, mask=s_rows < n_rows)
+
+
+@gluon.jit
+def _finite(m):
+    """A running max with -inf (a row that saw no key yet) as 0, for the exponent's reference."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero, cols, k_hi, limit, qk_scale):
+    """``S`` of the tile in buffer ``buf``, waited for, scaled (base 2) and masked (-inf past the split's end or a
+    row's causal limit)."""
+    s = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    visible = (cols[None, :] < k_hi) & (cols[None, :] <= limit[:, None])
+    return gl.where(visible, s * qk_scale, float("-inf"))
+
+
+@gluon.jit
+def _hand_over_max(s, m_prev, MY_M, M_READY, W: gl.constexpr):
+    """The running max after this tile, ``max(m_prev, rowmax(s))``, stored to this warpgroup's slot and signalled
+    to the other warpgroup (every thread's store done first: the partition's barrier, then one arrival)."""
+    m_new = gl.maximum(m_prev, gl.max(s, axis=1))
+    MY_M.store(m_new)
+    _cta_barrier()
+    mbarrier.arrive(M_READY.index(W))
+    return m_new
+
+
+@gluon.jit
+def _probabilities(s, m_prev, m_new, l_w, dtype: gl.constexpr):
+    """This tile's ``P`` (in ``dtype``), its factor ``exp2(m_prev - m_new)`` for what was accumulated before, and
+    this warpgroup's share of the sum after it."""
+    m_ref = _finite(m_new)
+    p = gl.exp2(s - m_ref[:, None])
+    alpha = gl.exp2(m_prev - m_ref)
+    return p.to(dtype), alpha, l_w * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _publish_p(P_S, P_READY, W: gl.constexpr, p16):
+    """Store a tile's ``P`` to slot ``W`` for the other warpgroup's product (read by wgmma: async proxy), signal."""
+    P_S.index(W).store(p16)
+    fence_async_shared()
+    _cta_barrier()
+    mbarrier.arrive(P_READY.index(W))
+
+
+@gluon.jit
 def _consumer0_direct(a):
     _consumer(a, 0, True)
 
@@ -270,31 +383,31 @@ def _consumer1_partial_cst(a):
 
 
 @gluon.jit
-def _consumer0_direct_early(a):
-    _consumer(a, 0, True, True, True)
+def _consumer0_direct_handoff(a):
+    _consumer_handoff(a, 0, True)
 
 
 @gluon.jit
-def _consumer1_direct_early(a):
-    _consumer(a, 1, True, True, True)
+def _consumer1_direct_handoff(a):
+    _consumer_handoff(a, 1, True)
 
 
 @gluon.jit
-def _consumer0_partial_early(a):
-    _consumer(a, 0, False, True, True)
+def _consumer0_partial_handoff(a):
+    _consumer_handoff(a, 0, False)
 
 
 @gluon.jit
-def _consumer1_partial_early(a):
-    _consumer(a, 1, False, True, True)
+def _consumer1_partial_handoff(a):
+    _consumer_handoff(a, 1, False)
 
 
 @gluon.jit
 def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, DONE, OUT,
-     LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
+     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
      num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     D_ROPE: gl.constexpr = _D_ROPE
@@ -327,8 +440,8 @@ def mla_decode_gluon_ws_kernel(
     PDL: gl.constexpr = False,
     COALESCED_STORE: gl.constexpr = False,  # each warpgroup's half of the output or partial staged in its half of
     #                                         the latent tile buffers and stored row-major in 16-byte vectors
-    EARLY: gl.constexpr = False,  # (with COALESCED_STORE) each softmax waits for its own S only, not for the
-    #                               other warpgroup's P V issued after it (round 37): TritonConfig.ws_early
+    HANDOFF: gl.constexpr = False,  # (with COALESCED_STORE) the hand-over schedule (round 38, _consumer_handoff):
+    #                                 only the running max passes between the warpgroups in tile order
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 32
@@ -365,6 +478,7 @@ def mla_decode_gluon_ws_kernel(
         empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        m_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(done.index(0), count=2)  # both warpgroups, after their last tile (COALESCED_STORE)
         for i in gl.static_range(NBUF):
@@ -372,7 +486,8 @@ def mla_decode_gluon_ws_kernel(
             mbarrier.init(empty.index(i), count=2)  # both warpgroups
         for i in gl.static_range(2):
             mbarrier.init(p_ready.index(i), count=1)
-            mbarrier.init(p_free.index(i), count=1)  # EARLY: the other warpgroup's product with P slot i completed
+            mbarrier.init(p_free.index(i), count=1)  # HANDOFF: the other warpgroup's product with P slot i completed
+            mbarrier.init(m_ready.index(i), count=1)  # HANDOFF: the running max after a tile of warpgroup i
 
         # the query tile, and the starting statistics in slot 1 (read by tile 0)
         G4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -393,17 +508,17 @@ def mla_decode_gluon_ws_kernel(
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, p_free, done,
-                OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV,
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, p_free, m_ready,
+                done, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV,
                 KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
-        if EARLY:
-            gl.static_assert(COALESCED_STORE, "the early-softmax schedule is written for COALESCED_STORE")
+        if HANDOFF:
+            gl.static_assert(COALESCED_STORE, "the hand-over schedule is written for COALESCED_STORE")
             if DIRECT:
-                gl.warp_specialize([(_consumer0_direct_early, (args, )), (_consumer1_direct_early, (args, )),
+                gl.warp_specialize([(_consumer0_direct_handoff, (args, )), (_consumer1_direct_handoff, (args, )),
                                     (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
             else:
-                gl.warp_specialize([(_consumer0_partial_early, (args, )), (_consumer1_partial_early, (args, )),
+                gl.warp_specialize([(_consumer0_partial_handoff, (args, )), (_consumer1_partial_handoff, (args, )),
                                     (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
         elif DIRECT:
             if COALESCED_STORE:
