@@ -1,5 +1,7 @@
 """The hand-over schedule of the warp-specialised gluon kernel (round 38, ``TritonConfig.ws_handoff``) against its
-first schedule and the library's defaults at the compute-bound 16-head qlen-4/6/8 points and at 128 heads.
+first schedule and the library's defaults at the compute-bound 16-head qlen-4/6/8 points and at 128 heads (its first
+run, ``explore["round38_ws_handoff"]``, was before the hand-over schedule became part of ``GLUON_WS_CONFIG``: there
+``default`` was the first schedule where the library chose the warp-specialised kernel).
 
 An Nsight Compute profile of the first schedule (128 heads, B=64 L=4k; ``explore["round38_ncu"]``) showed the
 consumer warpgroups stalled about a fifth of their time at the wait for the other warpgroup's ``P``: each tile's
@@ -25,6 +27,7 @@ from workbench.bench import decode as d
 POINTS = ((16, 4, 16, 4096), (16, 4, 64, 4096), (16, 4, 64, 32768), (16, 4, 128, 8192), (16, 6, 16, 4096),
           (16, 8, 16, 4096), (16, 8, 64, 4096), (16, 8, 128, 8192), (128, 1, 16, 4096), (128, 1, 64, 4096))
 
+FIRST_SCHEDULE = dataclasses.replace(mla.GLUON_WS_CONFIG, ws_handoff=False)  # GLUON_WS_CONFIG before round 38
 WS_HANDOFF_CONFIG = dataclasses.replace(mla.GLUON_WS_CONFIG, ws_handoff=True)
 
 
@@ -35,7 +38,7 @@ def library_config(rows: int, tokens: int, batch: int, sm: int) -> mla.TritonCon
 if __name__ == "__main__":
     out = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    d.variant_probe(POINTS, lambda cfg: [("default", cfg), ("ws", mla.GLUON_WS_CONFIG), ("handoff", WS_HANDOFF_CONFIG)],
+    d.variant_probe(POINTS, lambda cfg: [("default", cfg), ("ws", FIRST_SCHEDULE), ("handoff", WS_HANDOFF_CONFIG)],
                     "mla_decode_ws_handoff_probe",
                     " ".join(["PYTHONPATH=src python3 scripts/decode_ws_handoff_probe.py OUT.json", *sys.argv[2:]]),
                     out, rounds=rounds, same=("ws", "handoff"), own_splits=True, base_config=library_config)

@@ -1081,7 +1081,8 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     # more than 32 rows, 16-bit, on Hopper: the gluon kernel (asked for here; by default only where one is present)
     assert mla.triton_config(33, torch.bfloat16, gluon=True) == mla.GLUON_CONFIG
     assert mla.triton_config(33, torch.bfloat16, gluon=False).gluon is False
-    # the warp-specialised gluon kernel where each program takes >= GLUON_WS_MIN_TOKENS tokens (132 SMs: B=64
+    # the warp-specialised gluon kernel where each program takes >= GLUON_WS_MIN_TOKENS tokens with one row block
+    # per request (132 SMs: B=64
     # L=4k qlen 4 runs 2 splits of 2048 tokens; B=16 L=4k qlen 4 runs 8 splits of 512 and keeps the plain one)
     ws = dict(gluon=True, sm_count=132)
     assert mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
@@ -1098,7 +1099,13 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
         splits = mla.default_splits(mla.GLUON_CONFIG, b, rb, b * l, 132)
         # the two kernels share the split count, so the rule's tokens per program are the ws kernel's
         assert splits == mla.default_splits(mla.GLUON_WS_CONFIG, b, rb, b * l, 132)
-        assert mla.prefer_gluon_ws(b * l, b, rb, 132) == (l / splits >= mla.GLUON_WS_MIN_TOKENS)
+        least = mla.GLUON_WS_MIN_TOKENS if rb == 1 else mla.GLUON_WS_MIN_TOKENS_MULTI
+        assert mla.prefer_gluon_ws(b * l, b, rb, 132) == (l / splits >= least)
+    # two row blocks per request: the ws kernel from 128 tokens per program (round 38: 128 heads B=16 L=1k runs 4
+    # splits of 256 tokens on it; B=1 L=1k, 16 splits of 64, keeps the plain one)
+    assert mla.triton_config(128, torch.bfloat16, 16 * 1024, num_reqs=16, **ws) == mla.GLUON_WS_CONFIG
+    assert mla.triton_config(128, torch.bfloat16, 1024, num_reqs=1, **ws) == mla.GLUON_CONFIG
+    assert mla.GLUON_WS_CONFIG.ws_handoff and mla.GLUON_WS_CONFIG.coalesced_store
     # 17-32 rows (qlen 2 at 16 heads): the same kernel with 32-row blocks, at any size
     for rows, tokens, reqs in ((32, 16 * 4096, 16), (17, 64 * 32768, 64), (32, 4096, 1), (32, None, None)):
         cfg = mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=reqs, **ws)

@@ -1342,19 +1342,30 @@ def gluon_swap_config(rows_per_req: int) -> TritonConfig:
 # point with >= 2048 tokens per program, within 1 % or faster at 1024; at 512 and 256 mixed, up to 9 % slower,
 # e.g. B=16 L=4k qlen 4 with 8 splits 46.2 against 45.4 us, and B=32 L=1k qlen 4 35.7 against 32.9). Its
 # programs have fixed costs (the loader's start, the warpgroups' hand-overs) that short programs do not repay.
-GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True)
+# Round 38 (fourteenth session): the hand-over schedule (ws_handoff), 3-10 % faster than the first schedule at 9 of
+# 10 compute-bound points over three rounds (scripts/decode_ws_handoff_probe.py), e.g. 16 heads qlen 8 B=128 L=8k
+# 627-641 against 695-701 us, 128 heads B=16 L=4k 49.8-52.1 against 53.2-55.6; the tenth, B=64 L=4k qlen 4, level.
+GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True, ws_handoff=True)
+# With the hand-over schedule the rule was measured again (scripts/decode_ws_min_tokens_probe.py, 44 points, two
+# rounds): with one 64-row block per request (33-64 rows) the ws kernel still wins only from 1024 tokens per program
+# (3-9 %; at 128-512 within -4..+2 %, at 64 up to 9 % slower); with two or more (128 heads, qlen 8 at 16 heads) it
+# wins from 128 tokens (7-19 % at 256-2048, e.g. 128 heads B=16 L=1k 20.4-20.6 against 22.5-23.1 us; 1-3 % at 128;
+# 2-9 % slower at 64).
 GLUON_WS_MIN_TOKENS = 1024
+GLUON_WS_MIN_TOKENS_MULTI = 128  # the same with two or more 64-row blocks per request
 
 
 def prefer_gluon_ws(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> bool:
     """Whether a gluon call of ``num_reqs`` requests, ``total_tokens`` KV tokens (an upper bound is fine) and
     ``row_blocks`` 64-row blocks per request runs the warp-specialised kernel: its programs (at the split
     count :data:`GLUON_CONFIG` gets, which :data:`GLUON_WS_CONFIG` shares) each take at least
-    :data:`GLUON_WS_MIN_TOKENS` tokens on average."""
+    :data:`GLUON_WS_MIN_TOKENS` tokens on average, or :data:`GLUON_WS_MIN_TOKENS_MULTI` with two or more row
+    blocks per request."""
     if num_reqs <= 0 or total_tokens <= 0:
         return False
     splits = default_splits(GLUON_CONFIG, num_reqs, row_blocks, total_tokens, sm_count)
-    return total_tokens / (num_reqs * splits) >= GLUON_WS_MIN_TOKENS
+    least = GLUON_WS_MIN_TOKENS_MULTI if row_blocks >= 2 else GLUON_WS_MIN_TOKENS
+    return total_tokens / (num_reqs * splits) >= least
 
 
 GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; the kernel ran with 3.6 (H200) and compiles with 3.7 (CI)
@@ -1406,8 +1417,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
       198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
       (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
-      each, :data:`GLUON_WS_CONFIG`, the warp-specialised kernel of :mod:`workbench.mla_gluon_ws` (round 23:
-      5-12 % faster there, :func:`prefer_gluon_ws`); both with 16-bit partials stored row-major
+      each (:data:`GLUON_WS_MIN_TOKENS_MULTI` with two or more 64-row blocks per request), :data:`GLUON_WS_CONFIG`,
+      the warp-specialised kernel of :mod:`workbench.mla_gluon_ws` with its hand-over schedule (rounds 23 and 38,
+      :func:`prefer_gluon_ws`); both with 16-bit partials stored row-major
       (``narrow_partials`` + ``coalesced_store``, round 32: B=16 L=4k qlen 4 37.7-41.6 -> 34.4-36.2 us);
     * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row

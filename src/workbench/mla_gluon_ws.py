@@ -1,5 +1,6 @@
 """A warp-specialised Gluon split kernel for the 64-row MLA decode (Hopper), the "seesaw". The default where each
-program of more than 32 rows takes at least ``mla.GLUON_WS_MIN_TOKENS`` KV tokens (round 23).
+program of more than 32 rows takes at least ``mla.GLUON_WS_MIN_TOKENS`` KV tokens, or
+``mla.GLUON_WS_MIN_TOKENS_MULTI`` with two or more 64-row blocks per request (rounds 23 and 38).
 
 :mod:`workbench.mla_gluon` runs its two warpgroups in lockstep: both wait for a tile, both compute half of
 ``S`` (32 tokens each), exchange the row maxima and ``P`` through shared memory, and both multiply ``P V``;
@@ -17,6 +18,13 @@ Per tile ``j`` (buffer ``j % 4``, statistics slot ``j % 2``), warpgroup ``w``:
   wait for both; softmax with the running max and sum of tile ``j-1`` (from shared memory); publish ``P_j``,
   ``alpha_j``, ``m_j``, ``l_j``; add ``P_j V_j`` (``P`` from registers);
 * the other warpgroup does the same one tile later, so every ``P V`` is added in tile order.
+
+The hand-over schedule (``HANDOFF``, ``TritonConfig.ws_handoff``, in ``mla.GLUON_WS_CONFIG`` since round 38,
+:func:`_consumer_handoff`) shortens what must pass between the warpgroups in tile order to the running row max:
+each warpgroup publishes ``m_t`` (mbarrier ``M_READY``) as soon as it has ``S_t``'s row maxima, then its ``P_t``,
+and keeps its own share of the running sum, rescaled by every tile's factor; the shares are added after the last
+tile. An Nsight Compute profile of the first schedule (chapter 3) had the consumer warpgroups waiting about a fifth
+of their time for the other's ``P``, a whole softmax per link of the chain.
 
 NVIDIA sm_90, 16-bit. The partial outputs have the format of :mod:`workbench.mla_gluon`'s.
 """
