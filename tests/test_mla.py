@@ -772,23 +772,6 @@ def test_coalesced_store_config_is_checked():
     assert mla.TritonConfig(64, 64, 8, 2, gluon=True, coalesced_store=True).label.endswith(" cst")
 
 
-@pytest.mark.gpu
-@NEEDS_HOPPER
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,qo_lens", GLUON_CASES)
-@pytest.mark.parametrize("num_splits", [1, 3, 8])
-def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype):
-    """The warp-specialised gluon kernel (experimental, TritonConfig.gluon_ws): the cases of the gluon test above
-    (32-token tiles here, so splits end inside a tile differently), against the golden, NaN in unused cache rows
-    and in the output buffer, graph replays bit-exact."""
-    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + num_splits + 200)
-    out = torch.full_like(case["q"][..., :512], float("nan"))
-    out, lse = mla.mla_decode_triton(*args, config=GLUON_WS, num_splits=num_splits, out=out)
-    check_against_golden(case, out, lse, dtype, 0.07, f"gluon ws H{heads} q{qo_lens} s{num_splits} {dtype}")
-    assert_graph_replays_equal(
-        lambda o: mla.mla_decode_triton(*args, config=GLUON_WS, num_splits=num_splits, out=o), out)
-
-
 GLUON_WS_HANDOFF = dataclasses.replace(GLUON_WS, coalesced_store=True, ws_handoff=True)
 
 
@@ -797,15 +780,18 @@ GLUON_WS_HANDOFF = dataclasses.replace(GLUON_WS, coalesced_store=True, ws_handof
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,qo_lens", GLUON_CASES)
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
-def test_gluon_ws_handoff_schedule_matches_golden(heads, qo_lens, num_splits, dtype):
-    """The hand-over schedule of the warp-specialised kernel (``ws_handoff``, round 38), on the gluon cases:
-    against the golden, NaN in unused cache rows and in the output buffer, graph replays bit-exact."""
-    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + num_splits + 250)
+@pytest.mark.parametrize("schedule", ["first", "handoff"])
+def test_gluon_ws_kernel_matches_golden(heads, qo_lens, num_splits, dtype, schedule):
+    """The warp-specialised gluon kernel (TritonConfig.gluon_ws), its first schedule and the hand-over schedule
+    (``ws_handoff``, round 38): the cases of the gluon test above (32-token tiles here, so splits end inside a tile
+    differently), against the golden, NaN in unused cache rows and in the output buffer, graph replays
+    bit-exact."""
+    cfg = {"first": GLUON_WS, "handoff": GLUON_WS_HANDOFF}[schedule]
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=heads + num_splits + (200 if schedule == "first" else 250))
     out = torch.full_like(case["q"][..., :512], float("nan"))
-    out, lse = mla.mla_decode_triton(*args, config=GLUON_WS_HANDOFF, num_splits=num_splits, out=out)
-    check_against_golden(case, out, lse, dtype, 0.07, f"gluon ws ho H{heads} q{qo_lens} s{num_splits} {dtype}")
-    assert_graph_replays_equal(
-        lambda o: mla.mla_decode_triton(*args, config=GLUON_WS_HANDOFF, num_splits=num_splits, out=o), out)
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
+    check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
 
 
 @pytest.mark.gpu
