@@ -763,12 +763,13 @@ def pre_swap_config(rows: int, tokens: int, batch: int, sm_count: int, *,
                     triton_up_to_32_rows: bool = False) -> mla.TritonConfig:
     """The library's bf16 config before the thirteenth session made the swapped gluon kernel the default for at
     most 32 rows: the Triton tiles up to 16 rows (and up to 32 with ``triton_up_to_32_rows``: before round 31),
-    the warp-specialised gluon kernel for 17-32 rows on Hopper (round 31), :func:`mla.triton_config` above. The
-    baseline of the probes written before that change, which therefore still measure what they measured."""
+    the warp-specialised gluon kernel for 17-32 rows on Hopper (round 31, with its first schedule: the hand-over
+    schedule of round 38 came later), and above 32 rows :func:`mla.triton_config` as it is now. The baseline of the
+    probes written before that change, which therefore still measure what they measured up to 32 rows."""
     if rows <= (32 if triton_up_to_32_rows else 16):
         return mla.triton_config(rows, torch.bfloat16, tokens, gluon=False)
     if rows <= 32 and mla.gluon_available():
-        return mla.GLUON_WS_CONFIG
+        return dataclasses.replace(mla.GLUON_WS_CONFIG, ws_handoff=False)
     return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm_count)
 
 
