@@ -38,8 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 __all__ = ["BLOCK_M", "BLOCK_N", "CLUSTER_SPLITS", "NUM_WARPS", "PARTIAL_LAYOUT", "cluster_capacity",
            "cluster_merge_layout", "gather_step", "globaltimer", "issue_first_tiles", "launch_clustered",
-           "load_query_tile", "mla_decode_gluon_split_kernel", "partial_descriptor", "staging_buffer",
-           "start_pipeline", "store_rows_coalesced"]
+           "load_query_tile", "lse_from_base2", "mla_decode_gluon_split_kernel", "partial_descriptor",
+           "staging_buffer", "start_pipeline", "store_rows_coalesced"]
 
 BLOCK_M = 64  # folded rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64  # cache rows (tokens) per tile
@@ -210,6 +210,14 @@ def program_range(QO_INDPTR, KV_INDPTR, req, pid_s, num_splits, NUM_HEADS: gl.co
 
 
 @gluon.jit
+def lse_from_base2(m, l):
+    """The natural-log LSE of rows whose running max ``m`` and sum ``l`` are in base 2 (``exp2``); -inf for a row
+    that saw no key (``l == 0``)."""
+    has = l > 0.0
+    return gl.where(has, (m + gl.log2(gl.where(has, l, 1.0))) * 0.6931471805599453, float("-inf"))
+
+
+@gluon.jit
 def online_softmax_step(s, cols, k_hi, limit, qk_scale, m_prev, l_prev):
     """One tile of the online softmax (base 2): mask keys past the split (``cols >= k_hi``) or past a row's causal
     limit, scale, and update the running max and sum. Returns ``(p, m_new, alpha, l_new)``, ``alpha`` the factor
@@ -354,8 +362,7 @@ def mla_decode_gluon_split_kernel(
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
         has = l_o > 0.0
         out = acc / gl.where(has, l_o, 1.0)[:, None]
-        lse_s = gl.where(l_i > 0.0, (m_i + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453,
-                         float("-inf"))
+        lse_s = lse_from_base2(m_i, l_i)
         grow = (q_start * NUM_HEADS + o_rows).to(gl.int64)
         grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
         s_ok = s_rows < n_rows

@@ -36,8 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from workbench.mla_gluon import (_cta_barrier, gather_step, globaltimer, program_range, staging_buffer,
-                                  start_pipeline, store_rows_coalesced)
+from workbench.mla_gluon import (_cta_barrier, gather_step, globaltimer, lse_from_base2, program_range,
+                                  staging_buffer, start_pipeline, store_rows_coalesced)
 
 __all__ = ["BLOCK_N", "NUM_BUFFERS", "ROW_BLOCKS", "WARPS", "mla_decode_gluon_swap_kernel", "num_warps_for"]
 
@@ -162,7 +162,7 @@ def mla_decode_gluon_swap_kernel(
 
         has = l_i > 0.0
         out = acc / gl.where(has, l_i, 1.0)[None, :]
-        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse = lse_from_base2(m_i, l_i)
         base = pid_s.to(gl.int64) * total_rows  # 0 when DIRECT (one split)
         # the output (rows, 512) leaves row-major in 16-byte vectors through the idle tile buffers (every copy has
         # landed, every wgmma was waited for; the barrier covers the other threads)

@@ -37,7 +37,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from workbench.mla_gluon import _cta_barrier, online_softmax_step, program_range, staging_buffer, store_rows_coalesced
+from workbench.mla_gluon import (_cta_barrier, lse_from_base2, online_softmax_step, program_range, staging_buffer,
+                                  store_rows_coalesced)
 
 __all__ = ["BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "MAX_REGS", "mla_decode_gluon_ws_kernel"]
 
@@ -76,8 +77,8 @@ def _publish(P_S, MY_M, MY_L, MY_A, P_READY, W: gl.constexpr, p16, m_new, l_new,
 @gluon.jit
 def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False):
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
-     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
-     num_heads) = a
+     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
+     stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
     if W == 0:
@@ -137,11 +138,7 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr 
         #    after its P_{t-2} V_{t-2} completed)
         _publish(P_S, MY_M, MY_L, MY_A, P_READY, W, p16, m_new, l_new, alpha, R4)
         # 5. P_t V_t into this warpgroup's half, P from registers
-        acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
-                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-        _cta_barrier()
-        mbarrier.arrive(EMPTY.index(buf))
+        acc = _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L, ROW_O)
     # the last tile, when it is the other warpgroup's
     u = n_tiles - 1
     if (u >= 0) & (u % 2 != W):
@@ -183,10 +180,7 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr 
         else:
             m_s = gl.convert_layout(OT_M.load(R4), ROW_S)
             l_s = gl.convert_layout(OT_L.load(R4), ROW_S)
-        lse = gl.where(l_s > 0.0, (m_s + gl.log2(gl.where(l_s > 0.0, l_s, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
-        s_ok = s_rows < n_rows
-        gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse, mask=s_ok)
+        gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse_from_base2(m_s, l_s), mask=s_rows < n_rows)
 
 
 @gluon.jit
@@ -228,36 +222,23 @@ def _consumer_handoff(a, W: gl.constexpr, DIRECT: gl.constexpr):
 
     if W == 0:
         if n_tiles > 0:  # tile 0: no tile of the other warpgroup before it
-            mbarrier.wait(FULL.index(0), 0)
-            fence_async_shared()
-            s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, 0, s_zero, k_lo + s_cols, k_hi, limit, qk_scale)
+            s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, 0, NBUF, s_zero, k_lo + s_cols, k_hi,
+                               limit, qk_scale)
             m_new = _hand_over_max(s, m_run, MY_M, M_READY, W)
             p16, alpha, l_w = _probabilities(s, m_run, m_new, l_w, dtype)
             _publish_p(P_S, P_READY, W, p16)
-            acc = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(0),
-                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            _cta_barrier()
-            mbarrier.arrive(EMPTY.index(0))
+            acc = _own_product(p16, alpha, V_MY, 0, acc, EMPTY, P_L, ROW_O)
             m_run = m_new
     for t in range(2 - W, n_tiles, 2):  # this warpgroup's later tiles: each follows the other's tile t-1
         buf = t % NBUF
         u = t - 1
-        mbarrier.wait(FULL.index(buf), (t // NBUF) & 1)
-        fence_async_shared()
-        s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero, k_lo + t * BN + s_cols, k_hi, limit,
-                           qk_scale)
+        s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, t, NBUF, s_zero, k_lo + t * BN + s_cols,
+                           k_hi, limit, qk_scale)
         # the other warpgroup's tile u: its max, then this tile's max goes out at once
         mbarrier.wait(M_READY.index(1 - W), (u // 2) & 1)
         m_u = OT_M.load(ROW_S)
         m_new = _hand_over_max(s, m_u, MY_M, M_READY, W)
-        # P_u V_u into this half, at tile u's factor
-        alpha_u = gl.exp2(m_run - _finite(m_u))
-        l_w = l_w * alpha_u
-        mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
-        fence_async_shared()
-        acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
-                                acc * gl.convert_layout(alpha_u, ROW_O)[:, None], is_async=True)
+        acc_tok, l_w = _other_product(P_S, P_READY, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
         # this tile's probabilities, published once the other's product with this slot's last P has completed
         p16, alpha, l_w = _probabilities(s, m_u, m_new, l_w, dtype)
         if t - W >= 2:
@@ -267,23 +248,14 @@ def _consumer_handoff(a, W: gl.constexpr, DIRECT: gl.constexpr):
         _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF and the other's P slot
         mbarrier.arrive(EMPTY.index(u % NBUF))
         mbarrier.arrive(P_FREE.index(1 - W))
-        acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
-                                acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-        _cta_barrier()
-        mbarrier.arrive(EMPTY.index(buf))
+        acc = _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L, ROW_O)
         m_run = m_new
     # the last tile, when it is the other warpgroup's
     u = n_tiles - 1
     if (u >= 0) & (u % 2 != W):
         mbarrier.wait(M_READY.index(1 - W), (u // 2) & 1)
         m_u = OT_M.load(ROW_S)
-        alpha_u = gl.exp2(m_run - _finite(m_u))
-        l_w = l_w * alpha_u
-        mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
-        fence_async_shared()
-        acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF),
-                                acc * gl.convert_layout(alpha_u, ROW_O)[:, None], is_async=True)
+        acc_tok, l_w = _other_product(P_S, P_READY, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
         m_run = m_u
 
@@ -299,9 +271,34 @@ def _consumer_handoff(a, W: gl.constexpr, DIRECT: gl.constexpr):
     store_rows_coalesced(OUT, staging_buffer(V_MY, OUT.dtype.element_ty, BM, HALF), out,
                          row0 if DIRECT else out_base + row0, n_rows, W * HALF, BM, HALF, 4)
     if W == 0:
-        lse = gl.where(l_s > 0.0, (m_run + gl.log2(gl.where(l_s > 0.0, l_s, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
-        gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse, mask=s_rows < n_rows)
+        gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse_from_base2(m_run, l_s), mask=s_rows < n_rows)
+
+
+@gluon.jit
+def _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L: gl.constexpr, ROW_O: gl.constexpr):
+    """``O = O * alpha + P V`` for this warpgroup's own tile (P from registers, V its half of buffer ``buf``),
+    waited for; then the warpgroup releases the buffer (every warp done: the partition's barrier, one arrival)."""
+    acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
+                            acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
+    _cta_barrier()
+    mbarrier.arrive(EMPTY.index(buf))
+    return acc
+
+
+@gluon.jit
+def _other_product(P_S, P_READY, V_MY, W: gl.constexpr, u, NBUF: gl.constexpr, m_run, m_u, acc, l_w,
+                   ROW_O: gl.constexpr):
+    """The hand-over schedule's step for the other warpgroup's tile ``u``, whose running max ``m_u`` has arrived:
+    this warpgroup's share of the sum takes the tile's factor ``exp2(m_run - m_u)``, and once its ``P`` is
+    published, ``O = O * factor + P_u V_u`` is issued (P from the other's slot). Returns ``(acc_tok, l_w)``."""
+    alpha_u = gl.exp2(m_run - _finite(m_u))
+    l_w = l_w * alpha_u
+    mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+    fence_async_shared()
+    acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF), acc * gl.convert_layout(alpha_u, ROW_O)[:, None],
+                            is_async=True)
+    return acc_tok, l_w
 
 
 @gluon.jit
@@ -311,10 +308,13 @@ def _finite(m):
 
 
 @gluon.jit
-def _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero, cols, k_hi, limit, qk_scale):
-    """``S`` of the tile in buffer ``buf``, waited for, scaled (base 2) and masked (-inf past the split's end or a
-    row's causal limit)."""
-    s = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, buf, s_zero)
+def _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, t, NBUF: gl.constexpr, s_zero, cols, k_hi, limit,
+                   qk_scale):
+    """``S`` of tile ``t`` (in buffer ``t % NBUF``, once it has landed), waited for, scaled (base 2) and masked (-inf
+    past the split's end or a row's causal limit)."""
+    mbarrier.wait(FULL.index(t % NBUF), (t // NBUF) & 1)
+    fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+    s = _s_product(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, t % NBUF, s_zero)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     visible = (cols[None, :] < k_hi) & (cols[None, :] <= limit[:, None])
     return gl.where(visible, s * qk_scale, float("-inf"))
@@ -415,8 +415,8 @@ def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
-     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv,
-     num_heads) = a
+     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
+     stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     D_ROPE: gl.constexpr = _D_ROPE
     BN: gl.constexpr = 32
@@ -516,9 +516,9 @@ def mla_decode_gluon_ws_kernel(
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, p_free, m_ready,
-                done, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale, out_base, KV,
-                KV_INDICES, kv_start, stride_kv, NUM_HEADS)
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, p_free,
+                m_ready, done, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale,
+                out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
         if HANDOFF:
             gl.static_assert(COALESCED_STORE, "the hand-over schedule is written for COALESCED_STORE")
