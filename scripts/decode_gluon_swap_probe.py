@@ -62,16 +62,12 @@ WARPS8_POINTS = ((16, 1, 1, 4096), (16, 1, 16, 4096), (16, 1, 64, 4096), (16, 1,
                  (16, 2, 16, 4096), (16, 2, 64, 4096))
 
 
-def library_config(rows: int, tokens: int, batch: int, sm: int) -> mla.TritonConfig:
-    return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm)
-
-
 MODES = {  # mode: (points, the variant's config for a row count, the baseline)
     "qlen4": (QLEN4_POINTS, lambda rows: dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=32), d.pre_swap_config),
     "rows64": (ROWS64_POINTS, lambda rows: dataclasses.replace(mla.GLUON_SWAP_CONFIG, block_m=64, num_warps=8),
-               library_config),
+               d.library_config),
     "warps8": (WARPS8_POINTS, lambda rows: dataclasses.replace(mla.gluon_swap_config(rows), num_warps=8),
-               library_config),
+               d.library_config),
 }
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ Run on an H200: PYTHONPATH=src python3 scripts/decode_ws_handoff_probe.py [OUT.j
 import dataclasses
 import sys
 
-import torch
-
 from workbench import mla
 from workbench.bench import decode as d
 
@@ -31,14 +29,10 @@ FIRST_SCHEDULE = dataclasses.replace(mla.GLUON_WS_CONFIG, ws_handoff=False)  # G
 WS_HANDOFF_CONFIG = dataclasses.replace(mla.GLUON_WS_CONFIG, ws_handoff=True)
 
 
-def library_config(rows: int, tokens: int, batch: int, sm: int) -> mla.TritonConfig:
-    return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm)
-
-
 if __name__ == "__main__":
     out = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     d.variant_probe(POINTS, lambda cfg: [("default", cfg), ("ws", FIRST_SCHEDULE), ("handoff", WS_HANDOFF_CONFIG)],
                     "mla_decode_ws_handoff_probe",
                     " ".join(["PYTHONPATH=src python3 scripts/decode_ws_handoff_probe.py OUT.json", *sys.argv[2:]]),
-                    out, rounds=rounds, same=("ws", "handoff"), own_splits=True, base_config=library_config)
+                    out, rounds=rounds, same=("ws", "handoff"), own_splits=True, base_config=d.library_config)

@@ -773,6 +773,13 @@ def pre_swap_config(rows: int, tokens: int, batch: int, sm_count: int, *,
     return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm_count)
 
 
+def library_config(rows: int, tokens: int, batch: int, sm_count: int) -> mla.TritonConfig:
+    """The library's bf16 config now for a call of ``batch`` requests of ``rows`` folded rows each and ``tokens`` KV
+    tokens (:func:`mla.triton_config` with the request count): the ``base_config`` of the probes that compare
+    against today's defaults."""
+    return mla.triton_config(rows, torch.bfloat16, tokens, num_reqs=batch, sm_count=sm_count)
+
+
 def variant_probe(points: tuple[tuple[int, int, int, int], ...],
                   variants: Callable[[mla.TritonConfig], list[tuple[str, mla.TritonConfig]]], benchmark: str,
                   command: str, out: str | None = None, rounds: int = 3, same: tuple[str, str] | None = None,
