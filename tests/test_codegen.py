@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
-                "gluon_ws_handoff")
+                "gluon_ws_handoff", "gluon_ws_loader")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -78,6 +78,10 @@ out["gluon_swap"] = [dict(codegen.gluon_swap_kernel_report(block_m=bm, direct=d,
 out["gluon_swap_trace"] = codegen.gluon_swap_kernel_report(trace=True)
 out["gluon_ws_handoff"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, handoff=True),
                            codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True, handoff=True)]
+out["gluon_ws_loader"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, handoff=True,
+                                                         idx_ahead=True, early_q=True),
+                          codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True, handoff=True,
+                                                         idx_ahead=True, early_q=True)]
 print(json.dumps(out))
 """
 
@@ -372,6 +376,19 @@ def test_ws_handoff_schedule_waits_on_the_max_hand_over(reports):
         assert r["shared"] <= f["shared"] <= codegen.GLUON_SMEM_LIMIT, (r["shared"], f["shared"])
         assert r["global_stores"].get("st.global.v4.b32", 0) >= 32 and len(r["partition_barriers"]) >= 2, r
         assert r["pdl"]["global_reads_before_wait"] == 0 and r["spill_bytes"] <= f["spill_bytes"] + 16, (r, f)
+
+
+def test_ws_loader_modes_move_the_query_wait_into_the_partitions(reports):
+    """``ws_idx_ahead`` and ``ws_early_q`` (round 39) with the hand-over schedule: the products, the shared memory
+    and the mbarrier waits stay those of the hand-over schedule (the consumers wait on the query tile's mbarrier in
+    both); the query tile's ``cp.async.wait_group`` before the partitions start is gone, replaced by one more
+    ``cp.async.mbarrier.arrive`` (its copies arrive on the mbarrier instead); nothing read before the PDL wait;
+    spills within the hand-over schedule's plus 16 bytes."""
+    for r, h in zip(reports["gluon_ws_loader"], reports["gluon_ws_handoff"]):
+        assert (r["wgmma"], r["shared"], r["mbarrier_waits"]) == (h["wgmma"], h["shared"], h["mbarrier_waits"]), (r, h)
+        assert (h["cp_async_wait"], r["cp_async_wait"]) == (1, 0), (r, h)
+        assert r["cp_async_mbarrier_arrive"] == h["cp_async_mbarrier_arrive"] + 1 == 2, (r, h)
+        assert r["pdl"]["global_reads_before_wait"] == 0 and r["spill_bytes"] <= h["spill_bytes"] + 16, (r, h)
 
 
 def test_prefetch_before_wait_reads_only_through_l2_before_the_wait(reports):

@@ -823,7 +823,33 @@ def test_gluon_ws_handoff_schedule_agrees_with_first_schedule(narrow, heads, qo_
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
-@pytest.mark.parametrize("heads,qlen,kernel", [(128, 1, "ws"), (16, 6, "ws"), (16, 2, "swap"), (16, 1, "swap")])
+@pytest.mark.parametrize("mode", ["ws_idx_ahead", "ws_early_q", "both"])
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("heads,qo_lens", [(16, [4, 4, 4]), (16, [3, 1, 4]), (128, [1, 2, 1]), (16, [16, 7, 1])])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 40])
+def test_gluon_ws_loader_modes_match_handoff_bit_for_bit(mode, narrow, heads, qo_lens, num_splits):
+    """``ws_idx_ahead`` and ``ws_early_q`` (round 39) change when the indices and the query tile arrive, not what is
+    computed: output and LSE equal the hand-over schedule's bit for bit, over programs of 0 to 129 tiles (40 splits
+    leave some programs without a tile, where the loader's first index load is masked off entirely), NaN in the
+    output buffer and in unused cache rows, golden check, graph replays bit-exact."""
+    case, args = ragged_gpu_case(qo_lens, heads, torch.bfloat16, seed=heads + num_splits + 470)
+    base = dataclasses.replace(GLUON_WS_HANDOFF, narrow_partials=narrow)
+    flags = dict(ws_idx_ahead=mode != "ws_early_q", ws_early_q=mode != "ws_idx_ahead")
+    assert_same_bits_as(case, args, base, dataclasses.replace(base, **flags), num_splits)
+
+
+def test_ws_loader_modes_config_is_checked():
+    for flag in ("ws_idx_ahead", "ws_early_q"):
+        with pytest.raises(ValueError, match="modes of the hand-over schedule: they need ws_handoff=True"):
+            dataclasses.replace(GLUON_WS, coalesced_store=True, **{flag: True})
+    both = dataclasses.replace(GLUON_WS_HANDOFF, ws_idx_ahead=True, ws_early_q=True)
+    assert both.label.endswith(" ho wia weq") and both.key != GLUON_WS_HANDOFF.key
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
+@pytest.mark.parametrize("heads,qlen,kernel", [(128, 1, "ws"), (16, 6, "ws"), (16, 4, "ws1"), (16, 2, "swap"),
+                                               (16, 1, "swap")])
 def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen, kernel):
     """By default a batch of more than 32 rows per request whose programs take >= GLUON_WS_MIN_TOKENS tokens runs
     the warp-specialised kernel (40 ragged requests of about 3000 tokens: one split each on an H200), and one of at
@@ -833,9 +859,10 @@ def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen
     case = make_case([qlen] * 40, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + qlen)
     sms = mla._sm_count(torch.device("cuda"))
     cfg = mla.triton_config(qlen * heads, torch.bfloat16, case["kv_indices"].numel(), num_reqs=40, sm_count=sms)
-    assert cfg == (mla.GLUON_WS_CONFIG if kernel == "ws" else mla.gluon_swap_config(qlen * heads))
+    assert cfg == {"ws": mla.GLUON_WS_CONFIG, "ws1": mla.GLUON_WS_ONE_BLOCK_CONFIG}.get(
+        kernel, mla.gluon_swap_config(qlen * heads) if kernel == "swap" else None)
     res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
-    want = "gluon, warp-specialised split kernel" if kernel == "ws" else "gluon, swapped split kernel"
+    want = "gluon, swapped split kernel" if kernel == "swap" else "gluon, warp-specialised split kernel"
     assert want in res.reason, res.reason
     check_against_golden(case, res.out, res.lse, torch.bfloat16, 0.07, f"default {kernel} H{heads} qlen {qlen}")
 
@@ -1068,12 +1095,14 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     assert mla.triton_config(33, torch.bfloat16, gluon=True) == mla.GLUON_CONFIG
     assert mla.triton_config(33, torch.bfloat16, gluon=False).gluon is False
     # the warp-specialised gluon kernel where each program takes >= GLUON_WS_MIN_TOKENS tokens with one row block
-    # per request (132 SMs: B=64
-    # L=4k qlen 4 runs 2 splits of 2048 tokens; B=16 L=4k qlen 4 runs 8 splits of 512 and keeps the plain one)
+    # per request, with the loader that loads indices one tile ahead (round 39; 132 SMs: B=64 L=4k qlen 4 runs 2
+    # splits of 2048 tokens, B=16 L=4k qlen 4 8 splits of 512, B=4 L=1k qlen 4 16 splits of 64: the plain one)
     ws = dict(gluon=True, sm_count=132)
-    assert mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
+    assert mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_ONE_BLOCK_CONFIG
     assert mla.triton_config(128, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
-    assert mla.triton_config(64, torch.bfloat16, 16 * 4096, num_reqs=16, **ws) == mla.GLUON_CONFIG
+    assert mla.triton_config(64, torch.bfloat16, 16 * 4096, num_reqs=16, **ws) == mla.GLUON_WS_ONE_BLOCK_CONFIG
+    assert mla.triton_config(64, torch.bfloat16, 4 * 1024, num_reqs=4, **ws) == mla.GLUON_CONFIG
+    assert mla.GLUON_WS_ONE_BLOCK_CONFIG == dataclasses.replace(mla.GLUON_WS_CONFIG, ws_idx_ahead=True)
     assert mla.triton_config(64, torch.bfloat16, 64 * 4096, **ws) == mla.GLUON_CONFIG  # no num_reqs: the plain one
     # at most 32 rows, 16-bit, on Hopper: the swapped gluon kernel at any batch size (thirteenth session)
     assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_SWAP_CONFIG

@@ -390,7 +390,8 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
 
 
 def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", coalesced_store: bool = False,
-                           narrow: bool = False, handoff: bool = False) -> dict[str, Any]:
+                           narrow: bool = False, handoff: bool = False, idx_ahead: bool = False,
+                           early_q: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report
     ``shared`` (bytes), ``wgmma`` (per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps of 16,
     2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
@@ -398,15 +399,22 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     named barriers of 128 threads that the partitions synchronise on). ``coalesced_store`` and ``narrow`` as for
     :func:`gluon_kernel_report`, with ``global_stores`` likewise. ``handoff``: the hand-over schedule
     (``TritonConfig.ws_handoff``, with ``coalesced_store``); ``wgmma_waits`` counts the PTX's ``wgmma.wait_group``
-    instructions by their count of groups left in flight; ``mbarrier_waits`` the mbarrier waits (``try_wait``)."""
+    instructions by their count of groups left in flight; ``mbarrier_waits`` the mbarrier waits (``try_wait``).
+    ``idx_ahead`` and ``early_q`` (with ``handoff``): ``TritonConfig.ws_idx_ahead`` and ``ws_early_q``;
+    ``cp_async_wait`` counts the PTX's ``cp.async.wait_group`` instructions (the query tile's wait before the
+    partitions start; none with ``early_q``), ``cp_async_mbarrier_arrive`` its ``cp.async.mbarrier.arrive``
+    instructions (one per loader site, one more for the query tile with ``early_q``)."""
     from workbench import mla_gluon_ws
 
     if narrow and direct:
         raise ValueError("narrow is a mode of the partials: it needs direct=False")
     if handoff and not coalesced_store:
         raise ValueError("handoff is written for the coalesced store: it needs coalesced_store=True")
+    if (idx_ahead or early_q) and not handoff:
+        raise ValueError("idx_ahead and early_q are modes of the hand-over schedule: they need handoff=True")
     _, ptx, report = _compile_gluon(mla_gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store, HANDOFF=handoff),
+                                    dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store, HANDOFF=handoff,
+                                         IDX_AHEAD=idx_ahead, EARLY_Q=early_q),
                                     dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws",
                                     {"OUT": f"*{dtype}"} if narrow else None)
     waits: dict[int, int] = {}
@@ -415,6 +423,8 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
                 global_stores=_global_stores(ptx), wgmma_waits=waits,
                 mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
+                cp_async_wait=len(re.findall(r"cp\.async\.wait_group", ptx)),
+                cp_async_mbarrier_arrive=len(re.findall(r"cp\.async\.mbarrier\.arrive", ptx)),
                 pdl=pdl_report(ptx))
 
 

@@ -1073,6 +1073,11 @@ class TritonConfig:
     ws_handoff: bool = False  # gluon_ws with coalesced_store only: the hand-over schedule (round 38): only the
     #                           running max passes between the two warpgroups in tile order (published before the
     #                           exponentials); each keeps its own share of the running sum, added after the last tile
+    ws_idx_ahead: bool = False  # ws_handoff only: the loader warpgroup loads each tile's indices one tile ahead
+    #                             (round 38c: faster with one 64-row block per request, slower with two)
+    ws_early_q: bool = False  # ws_handoff only: the query tile's copies arrive on an mbarrier the consumer
+    #                           warpgroups wait on, instead of being waited for before the partitions start, so the
+    #                           loader's first index loads and gathers overlap them
     gluon_swap: bool = False  # the split kernel of workbench.mla_gluon_swap (Hopper, 16-bit, 16 or 32 rows x 64
     #                           tokens on one warpgroup): the products transposed on wgmma (tokens as M), so the
     #                           query and each tile are read from shared memory once per tile (thirteenth session,
@@ -1130,6 +1135,9 @@ class TritonConfig:
         if self.ws_handoff and not (self.gluon_ws and self.coalesced_store):
             raise ValueError("ws_handoff is a schedule of the warp-specialised gluon kernel with the coalesced store: it "
                              "needs gluon_ws=True and coalesced_store=True")
+        if (self.ws_idx_ahead or self.ws_early_q) and not self.ws_handoff:
+            raise ValueError("ws_idx_ahead and ws_early_q are modes of the hand-over schedule: they need "
+                             "ws_handoff=True")
         if self.gluon_ws and (not self.gluon or self.cluster_merge or self.block_n != 64):
             raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True, no cluster_merge and the "
                              "64-token config (it has its own 32-token tiles and four buffers)")
@@ -1198,7 +1206,8 @@ class TritonConfig:
                 self.balanced, self.max_regs, self.warp_specialize, self.idx_ahead, self.pdl, self.l2_ahead,
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
                 self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
-                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait, self.gluon_swap, self.ws_handoff)
+                self.narrow_partials, self.coalesced_store, self.prefetch_before_wait, self.gluon_swap, self.ws_handoff,
+                self.ws_idx_ahead, self.ws_early_q)
 
     @property
     def label(self) -> str:
@@ -1214,6 +1223,7 @@ class TritonConfig:
                 + (" spin" if self.spin_merge else "") + (" tma" if self.tma_store else "")
                 + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else "")
                 + (" cst" if self.coalesced_store else "") + (" ho" if self.ws_handoff else "")
+                + (" wia" if self.ws_idx_ahead else "") + (" weq" if self.ws_early_q else "")
                 + (f" pbw{self.prefetch_before_wait}" if self.prefetch_before_wait else ""))
 
     def resident_per_sm(self) -> int:
@@ -1351,8 +1361,15 @@ GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True, ws_handoff=Tr
 # (3-9 %; at 128-512 within -4..+2 %, at 64 up to 9 % slower); with two or more (128 heads, qlen 8 at 16 heads) it
 # wins from 128 tokens (7-19 % at 256-2048, e.g. 128 heads B=16 L=1k 20.4-20.6 against 22.5-23.1 us; 1-3 % at 128;
 # 2-9 % slower at 64).
-GLUON_WS_MIN_TOKENS = 1024
-GLUON_WS_MIN_TOKENS_MULTI = 128  # the same with two or more 64-row blocks per request
+# Round 39 (fifteenth session): with one row block per request the ws kernel's loader loads each tile's indices one
+# tile ahead (ws_idx_ahead; scripts/decode_ws_loader_probe.py, 31 points, three rounds: 1-8 % faster than the
+# committed loader at 20 of the 24 one-row-block points, e.g. B=16 L=4k qlen 4 34.6-34.7 against 35.3-35.4 us and
+# B=64 L=32k 639-655 against 693-702; at two row blocks mixed, 6-9 % slower at qlen 8 B=64 L=4k), and so it wins
+# over the plain kernel from 128 tokens per program there too (2-9 % at 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7
+# against 36.1-36.4; at 64 up to 8 % slower).
+GLUON_WS_ONE_BLOCK_CONFIG = dataclasses.replace(GLUON_WS_CONFIG, ws_idx_ahead=True)
+GLUON_WS_MIN_TOKENS = 128  # one 64-row block per request (GLUON_WS_ONE_BLOCK_CONFIG; 1024 before round 39)
+GLUON_WS_MIN_TOKENS_MULTI = 128  # the same with two or more 64-row blocks per request (GLUON_WS_CONFIG)
 
 
 def prefer_gluon_ws(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> bool:
@@ -1419,7 +1436,8 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
       each (:data:`GLUON_WS_MIN_TOKENS_MULTI` with two or more 64-row blocks per request), :data:`GLUON_WS_CONFIG`,
       the warp-specialised kernel of :mod:`workbench.mla_gluon_ws` with its hand-over schedule (rounds 23 and 38,
-      :func:`prefer_gluon_ws`); both with 16-bit partials stored row-major
+      :func:`prefer_gluon_ws`), with one row block per request :data:`GLUON_WS_ONE_BLOCK_CONFIG`, whose loader
+      loads the indices one tile ahead (round 39); all with 16-bit partials stored row-major
       (``narrow_partials`` + ``coalesced_store``, round 32: B=16 L=4k qlen 4 37.7-41.6 -> 34.4-36.2 us);
     * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
@@ -1471,8 +1489,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
                 raise ValueError("triton_config(gluon=True, num_reqs=...) needs sm_count (the GPU's SM count) when no "
                                  "CUDA device is present to read it from")
             sms = sm_count if sm_count is not None else _sm_count(torch.device("cuda", torch.cuda.current_device()))
-            if prefer_gluon_ws(total_tokens, num_reqs, -(-rows_per_req // GLUON_CONFIG.block_m), sms):
-                return GLUON_WS_CONFIG
+            row_blocks = -(-rows_per_req // GLUON_CONFIG.block_m)
+            if prefer_gluon_ws(total_tokens, num_reqs, row_blocks, sms):
+                return GLUON_WS_ONE_BLOCK_CONFIG if row_blocks == 1 else GLUON_WS_CONFIG
         return GLUON_CONFIG
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
                         pdl_split=True)
@@ -1786,7 +1805,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
         from workbench import mla_gluon_ws
 
         compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
-            *head, *tail, DIRECT=direct, HANDOFF=cfg.ws_handoff,
+            *head, *tail, DIRECT=direct, HANDOFF=cfg.ws_handoff, IDX_AHEAD=cfg.ws_idx_ahead, EARLY_Q=cfg.ws_early_q,
             **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
     else:
         if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:

@@ -77,7 +77,7 @@ def _publish(P_S, MY_M, MY_L, MY_A, P_READY, W: gl.constexpr, p16, m_new, l_new,
 @gluon.jit
 def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr, COALESCED: gl.constexpr = False):
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
-     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
+     Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
      stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     # the statistics slots: this warpgroup's tiles publish into slot W, the other's into slot 1 - W
@@ -194,7 +194,7 @@ def _consumer_handoff(a, W: gl.constexpr, DIRECT: gl.constexpr):
     the published maxima); the two shares are added once, after the last tile. A ``P`` slot is overwritten only
     after the other warpgroup's product with it has completed (``P_FREE``)."""
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
-     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
+     Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
      stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     if W == 0:  # slot W: this warpgroup's maxima and, at the end, its share of the sum
@@ -219,6 +219,8 @@ def _consumer_handoff(a, W: gl.constexpr, DIRECT: gl.constexpr):
     acc = gl.zeros([BM, HALF], gl.float32, layout=O_L)
     m_run = gl.full([BM], float("-inf"), gl.float32, layout=ROW_S)  # the running max after the last tile seen
     l_w = gl.zeros([BM], gl.float32, layout=ROW_S)  # this warpgroup's share of the running sum, at m_run
+    mbarrier.wait(Q_BAR.index(0), 0)  # the query tile has landed (EARLY_Q: its copies overlap the first gathers)
+    fence_async_shared()
 
     if W == 0:
         if n_tiles > 0:  # tile 0: no tile of the other warpgroup before it
@@ -414,9 +416,23 @@ def _consumer1_partial_handoff(a):
 def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
+    _load_tiles(a, False)
+
+
+@gluon.jit
+def _loader_ahead(a):
+    """:func:`_loader` with each tile's indices loaded one tile ahead (``TritonConfig.ws_idx_ahead``)."""
+    _load_tiles(a, True)
+
+
+@gluon.jit
+def _load_tiles(a, AHEAD: gl.constexpr):
+    """The loader's loop. ``AHEAD``: the indices of tile t+1 are loaded right after tile t's copies are issued, so
+    their latency overlaps the wait for the next free buffer instead of following it (round 38c: faster with one
+    64-row block per request, slower with two at 128 heads)."""
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
-     OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES, kv_start,
-     stride_kv, num_heads) = a
+     Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
+     kv_start, stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
     D_ROPE: gl.constexpr = _D_ROPE
     BN: gl.constexpr = 32
@@ -425,17 +441,24 @@ def _loader(a):
     t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, G))
     d_half = gl.arange(0, D_LATENT // 2, layout=gl.SliceLayout(0, G))
     d_rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, G))
+    if AHEAD:
+        idx = gl.load(KV_INDICES + kv_start + k_lo + t_off, mask=k_lo + t_off < k_hi, other=0)
+    else:
+        idx = gl.zeros([BN], gl.int32, layout=gl.SliceLayout(1, G))
     for t in range(n_tiles):
         buf = t % NBUF
         mbarrier.wait(EMPTY.index(buf), ((t // NBUF) & 1) ^ 1)
         cols = k_lo + t * BN + t_off
         ok = cols < k_hi
-        idx = gl.load(KV_INDICES + kv_start + cols, mask=ok, other=0)
+        if not AHEAD:
+            idx = gl.load(KV_INDICES + kv_start + cols, mask=ok, other=0)
         row = KV + idx.to(gl.int64)[:, None] * stride_kv
         cp.async_copy_global_to_shared(K_L0.index(buf), row + d_half[None, :], mask=ok[:, None])
         cp.async_copy_global_to_shared(K_L1.index(buf), row + D_LATENT // 2 + d_half[None, :], mask=ok[:, None])
         cp.async_copy_global_to_shared(K_ROPE.index(buf), row + D_LATENT + d_rope[None, :], mask=ok[:, None])
         cp.mbarrier_arrive(FULL.index(buf), increment_count=False)
+        if AHEAD:
+            idx = gl.load(KV_INDICES + kv_start + cols + BN, mask=cols + BN < k_hi, other=0)
 
 
 @gluon.jit
@@ -450,6 +473,10 @@ def mla_decode_gluon_ws_kernel(
     #                                         the latent tile buffers and stored row-major in 16-byte vectors
     HANDOFF: gl.constexpr = False,  # (with COALESCED_STORE) the hand-over schedule (round 38, _consumer_handoff):
     #                                 only the running max passes between the warpgroups in tile order
+    IDX_AHEAD: gl.constexpr = False,  # (with HANDOFF) the loader loads each tile's indices one tile ahead
+    EARLY_Q: gl.constexpr = False,  # (with HANDOFF) the query tile's copies are not waited for before the partitions
+    #                                 start: they arrive on an mbarrier the consumers wait on, so the loader's
+    #                                 first index loads and gathers overlap them
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 32
@@ -488,7 +515,10 @@ def mla_decode_gluon_ws_kernel(
         p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         m_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(done.index(0), count=2)  # both warpgroups, after their last tile (COALESCED_STORE)
+        # the query tile: one arrival per lane of this partition (NUM_WARPS = 4) when its copies land (EARLY_Q)
+        mbarrier.init(q_bar.index(0), count=128)
         for i in gl.static_range(NBUF):
             mbarrier.init(full.index(i), count=LOADER_WARPS * 32)  # one arrival per loader lane, when its copies land
             mbarrier.init(empty.index(i), count=2)  # both warpgroups
@@ -506,25 +536,38 @@ def mla_decode_gluon_ws_kernel(
         cp.async_copy_global_to_shared(q_l0, q_base + d_half_g[None, :], mask=(g_rows < n_rows)[:, None])
         cp.async_copy_global_to_shared(q_l1, q_base + D_LATENT // 2 + d_half_g[None, :], mask=(g_rows < n_rows)[:, None])
         cp.async_copy_global_to_shared(q_rope, q_base + D_LATENT + d_rope_g[None, :], mask=(g_rows < n_rows)[:, None])
-        cp.commit_group()
+        gl.static_assert(HANDOFF or not (IDX_AHEAD or EARLY_Q), "IDX_AHEAD and EARLY_Q are modes of HANDOFF")
+        if EARLY_Q:  # the hand-over consumers wait on q_bar
+            cp.mbarrier_arrive(q_bar.index(0), increment_count=False)
+        else:
+            cp.commit_group()
         R1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         m1.store(gl.full([BM], float("-inf"), gl.float32, layout=R1))
         l1.store(gl.zeros([BM], gl.float32, layout=R1))
-        cp.wait_group(0)
+        if not EARLY_Q:
+            cp.wait_group(0)
+            mbarrier.arrive(q_bar.index(0), count=128)
         _cta_barrier()
         fence_async_shared()
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
         args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, a0, a1, full, empty, p_ready, p_free,
-                m_ready, done, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale,
-                out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
+                m_ready, done, q_bar, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q,
+                qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
         if HANDOFF:
             gl.static_assert(COALESCED_STORE, "the hand-over schedule is written for COALESCED_STORE")
             if DIRECT:
-                gl.warp_specialize([(_consumer0_direct_handoff, (args, )), (_consumer1_direct_handoff, (args, )),
-                                    (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+                if IDX_AHEAD:
+                    gl.warp_specialize([(_consumer0_direct_handoff, (args, )), (_consumer1_direct_handoff, (args, )),
+                                        (_loader_ahead, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+                else:
+                    gl.warp_specialize([(_consumer0_direct_handoff, (args, )), (_consumer1_direct_handoff, (args, )),
+                                        (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            elif IDX_AHEAD:
+                gl.warp_specialize([(_consumer0_partial_handoff, (args, )), (_consumer1_partial_handoff, (args, )),
+                                    (_loader_ahead, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
             else:
                 gl.warp_specialize([(_consumer0_partial_handoff, (args, )), (_consumer1_partial_handoff, (args, )),
                                     (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
