@@ -848,18 +848,19 @@ def test_ws_loader_modes_config_is_checked():
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
-@pytest.mark.parametrize("heads,qlen,kernel", [(128, 1, "ws"), (16, 6, "ws"), (16, 4, "ws1"), (16, 2, "swap"),
+@pytest.mark.parametrize("heads,qlen,kernel", [(128, 1, "ws"), (16, 6, "ws"), (16, 4, "ws_ia"), (16, 2, "swap"),
                                                (16, 1, "swap")])
 def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen, kernel):
     """By default a batch of more than 32 rows per request whose programs take >= GLUON_WS_MIN_TOKENS tokens runs
-    the warp-specialised kernel (40 ragged requests of about 3000 tokens: one split each on an H200), and one of at
-    most 32 rows (16 heads x qlen 1 or 2) the swapped kernel at any size (thirteenth session); both match the
-    golden."""
+    the warp-specialised kernel (40 ragged requests of about 3000 tokens: one split each on an H200), with the
+    idx-ahead loader for one row block per request (16 heads qlen 4; two row blocks with programs of more than
+    GLUON_WS_IDX_AHEAD_MAX_TOKENS keep the committed loader), and one of at most 32 rows (16 heads x qlen 1 or 2)
+    the swapped kernel at any size (thirteenth session); all match the golden."""
     kv_lens = [2500 + 37 * i for i in range(40)]
     case = make_case([qlen] * 40, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + qlen)
     sms = mla._sm_count(torch.device("cuda"))
     cfg = mla.triton_config(qlen * heads, torch.bfloat16, case["kv_indices"].numel(), num_reqs=40, sm_count=sms)
-    assert cfg == {"ws": mla.GLUON_WS_CONFIG, "ws1": mla.GLUON_WS_ONE_BLOCK_CONFIG}.get(
+    assert cfg == {"ws": mla.GLUON_WS_CONFIG, "ws_ia": mla.GLUON_WS_IDX_AHEAD_CONFIG}.get(
         kernel, mla.gluon_swap_config(qlen * heads) if kernel == "swap" else None)
     res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
     want = "gluon, swapped split kernel" if kernel == "swap" else "gluon, warp-specialised split kernel"
@@ -1098,11 +1099,19 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     # per request, with the loader that loads indices one tile ahead (round 39; 132 SMs: B=64 L=4k qlen 4 runs 2
     # splits of 2048 tokens, B=16 L=4k qlen 4 8 splits of 512, B=4 L=1k qlen 4 16 splits of 64: the plain one)
     ws = dict(gluon=True, sm_count=132)
-    assert mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_ONE_BLOCK_CONFIG
+    assert mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_IDX_AHEAD_CONFIG
+    # two row blocks: the idx-ahead loader only up to GLUON_WS_IDX_AHEAD_MAX_TOKENS tokens per program (128 heads
+    # B=64 L=4k: one split of 4096 tokens; B=64 L=2k: one of 2048)
     assert mla.triton_config(128, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_WS_CONFIG
-    assert mla.triton_config(64, torch.bfloat16, 16 * 4096, num_reqs=16, **ws) == mla.GLUON_WS_ONE_BLOCK_CONFIG
+    assert mla.triton_config(128, torch.bfloat16, 64 * 2048, num_reqs=64, **ws) == mla.GLUON_WS_IDX_AHEAD_CONFIG
+    for b, l, rb in ((64, 4096, 2), (64, 2048, 2), (16, 4096, 2), (1, 100_000, 3), (16, 4096, 1), (128, 32768, 1)):
+        tpp = mla.gluon_tokens_per_program(b * l, b, rb, 132)
+        assert tpp == l / mla.default_splits(mla.GLUON_CONFIG, b, rb, b * l, 132)
+        ia = rb == 1 or tpp <= mla.GLUON_WS_IDX_AHEAD_MAX_TOKENS
+        assert mla.gluon_ws_config(b * l, b, rb, 132) == (mla.GLUON_WS_IDX_AHEAD_CONFIG if ia else mla.GLUON_WS_CONFIG)
+    assert mla.triton_config(64, torch.bfloat16, 16 * 4096, num_reqs=16, **ws) == mla.GLUON_WS_IDX_AHEAD_CONFIG
     assert mla.triton_config(64, torch.bfloat16, 4 * 1024, num_reqs=4, **ws) == mla.GLUON_CONFIG
-    assert mla.GLUON_WS_ONE_BLOCK_CONFIG == dataclasses.replace(mla.GLUON_WS_CONFIG, ws_idx_ahead=True)
+    assert mla.GLUON_WS_IDX_AHEAD_CONFIG == dataclasses.replace(mla.GLUON_WS_CONFIG, ws_idx_ahead=True)
     assert mla.triton_config(64, torch.bfloat16, 64 * 4096, **ws) == mla.GLUON_CONFIG  # no num_reqs: the plain one
     # at most 32 rows, 16-bit, on Hopper: the swapped gluon kernel at any batch size (thirteenth session)
     assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_SWAP_CONFIG
@@ -1118,7 +1127,7 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
         assert mla.prefer_gluon_ws(b * l, b, rb, 132) == (l / splits >= least)
     # two row blocks per request: the ws kernel from 128 tokens per program (round 38: 128 heads B=16 L=1k runs 4
     # splits of 256 tokens on it; B=1 L=1k, 16 splits of 64, keeps the plain one)
-    assert mla.triton_config(128, torch.bfloat16, 16 * 1024, num_reqs=16, **ws) == mla.GLUON_WS_CONFIG
+    assert mla.triton_config(128, torch.bfloat16, 16 * 1024, num_reqs=16, **ws) == mla.GLUON_WS_IDX_AHEAD_CONFIG
     assert mla.triton_config(128, torch.bfloat16, 1024, num_reqs=1, **ws) == mla.GLUON_CONFIG
     assert mla.GLUON_WS_CONFIG.ws_handoff and mla.GLUON_WS_CONFIG.coalesced_store
     # 17-32 rows (qlen 2 at 16 heads): the same kernel with 32-row blocks, at any size

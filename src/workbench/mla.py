@@ -1361,15 +1361,19 @@ GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True, ws_handoff=Tr
 # (3-9 %; at 128-512 within -4..+2 %, at 64 up to 9 % slower); with two or more (128 heads, qlen 8 at 16 heads) it
 # wins from 128 tokens (7-19 % at 256-2048, e.g. 128 heads B=16 L=1k 20.4-20.6 against 22.5-23.1 us; 1-3 % at 128;
 # 2-9 % slower at 64).
-# Round 39 (fifteenth session): with one row block per request the ws kernel's loader loads each tile's indices one
-# tile ahead (ws_idx_ahead; scripts/decode_ws_loader_probe.py, 31 points, three rounds: 1-8 % faster than the
-# committed loader at 20 of the 24 one-row-block points, e.g. B=16 L=4k qlen 4 34.6-34.7 against 35.3-35.4 us and
-# B=64 L=32k 639-655 against 693-702; at two row blocks mixed, 6-9 % slower at qlen 8 B=64 L=4k), and so it wins
-# over the plain kernel from 128 tokens per program there too (2-9 % at 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7
-# against 36.1-36.4; at 64 up to 8 % slower).
-GLUON_WS_ONE_BLOCK_CONFIG = dataclasses.replace(GLUON_WS_CONFIG, ws_idx_ahead=True)
-GLUON_WS_MIN_TOKENS = 128  # one 64-row block per request (GLUON_WS_ONE_BLOCK_CONFIG; 1024 before round 39)
-GLUON_WS_MIN_TOKENS_MULTI = 128  # the same with two or more 64-row blocks per request (GLUON_WS_CONFIG)
+# Round 39 (fifteenth session): the ws kernel's loader loading each tile's indices one tile ahead (ws_idx_ahead;
+# scripts/decode_ws_loader_probe.py). With one row block per request (31 points, three rounds) it was 1-8 % faster
+# than the committed loader at 20 of the 24 one-row-block points, e.g. B=16 L=4k qlen 4 34.6-34.7 against
+# 35.3-35.4 us and B=64 L=32k 639-655 against 693-702, and so the ws kernel wins over the plain one from 128 tokens
+# per program there too (2-9 % at 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7 against 36.1-36.4; at 64 up to 8 %
+# slower). With two or more row blocks ('multi', 51 points, three rounds) it was faster or level at every point of
+# at most 2048 tokens per program (median ratio 0.91-1.01, e.g. 128 heads B=128 L=1k 95.1-98.1 against 104.3-105.2
+# us, 16 heads qlen 8 B=16 L=4k 48.5-51.0 against 49.9-52.2) and 2-4 % slower at three of the eleven points of
+# 4096 (128 heads B=64 L=4k 170.2-172.9 against 161.7-167.5), so there it stops at GLUON_WS_IDX_AHEAD_MAX_TOKENS.
+GLUON_WS_IDX_AHEAD_CONFIG = dataclasses.replace(GLUON_WS_CONFIG, ws_idx_ahead=True)
+GLUON_WS_IDX_AHEAD_MAX_TOKENS = 2048  # two or more row blocks: GLUON_WS_IDX_AHEAD_CONFIG up to this many per program
+GLUON_WS_MIN_TOKENS = 128  # one 64-row block per request (1024 before round 39)
+GLUON_WS_MIN_TOKENS_MULTI = 128  # the same with two or more 64-row blocks per request
 
 
 def prefer_gluon_ws(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> bool:
@@ -1380,9 +1384,24 @@ def prefer_gluon_ws(total_tokens: int, num_reqs: int, row_blocks: int, sm_count:
     blocks per request."""
     if num_reqs <= 0 or total_tokens <= 0:
         return False
-    splits = default_splits(GLUON_CONFIG, num_reqs, row_blocks, total_tokens, sm_count)
     least = GLUON_WS_MIN_TOKENS_MULTI if row_blocks >= 2 else GLUON_WS_MIN_TOKENS
-    return total_tokens / (num_reqs * splits) >= least
+    return gluon_tokens_per_program(total_tokens, num_reqs, row_blocks, sm_count) >= least
+
+
+def gluon_tokens_per_program(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> float:
+    """KV tokens per program, on average, of a gluon call at the split count :data:`GLUON_CONFIG` gets (which
+    every gluon 64-row config shares)."""
+    return total_tokens / (num_reqs * default_splits(GLUON_CONFIG, num_reqs, row_blocks, total_tokens, sm_count))
+
+
+def gluon_ws_config(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> TritonConfig:
+    """The warp-specialised config for a call that :func:`prefer_gluon_ws` gives it: :data:`GLUON_WS_IDX_AHEAD_CONFIG`
+    with one row block per request, or with more and at most :data:`GLUON_WS_IDX_AHEAD_MAX_TOKENS` tokens per
+    program; else :data:`GLUON_WS_CONFIG` (round 39)."""
+    if row_blocks == 1 or gluon_tokens_per_program(total_tokens, num_reqs, row_blocks,
+                                                   sm_count) <= GLUON_WS_IDX_AHEAD_MAX_TOKENS:
+        return GLUON_WS_IDX_AHEAD_CONFIG
+    return GLUON_WS_CONFIG
 
 
 GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; the kernel ran with 3.6 (H200) and compiles with 3.7 (CI)
@@ -1436,8 +1455,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
       (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
       each (:data:`GLUON_WS_MIN_TOKENS_MULTI` with two or more 64-row blocks per request), :data:`GLUON_WS_CONFIG`,
       the warp-specialised kernel of :mod:`workbench.mla_gluon_ws` with its hand-over schedule (rounds 23 and 38,
-      :func:`prefer_gluon_ws`), with one row block per request :data:`GLUON_WS_ONE_BLOCK_CONFIG`, whose loader
-      loads the indices one tile ahead (round 39); all with 16-bit partials stored row-major
+      :func:`prefer_gluon_ws`), or :data:`GLUON_WS_IDX_AHEAD_CONFIG`, whose loader loads the indices one tile
+      ahead, with one row block per request or programs of at most :data:`GLUON_WS_IDX_AHEAD_MAX_TOKENS` tokens
+      (round 39, :func:`gluon_ws_config`); all with 16-bit partials stored row-major
       (``narrow_partials`` + ``coalesced_store``, round 32: B=16 L=4k qlen 4 37.7-41.6 -> 34.4-36.2 us);
     * more rows otherwise (qlen >= 4 at 16 heads, 128 heads; compute-bound): 64-row tiles on Hopper's ``wgmma``,
       8 warps, 3 stages (indices prefetched by Triton's pipeliner at 3 stages): 20-30 % faster than 32-row
@@ -1491,7 +1511,7 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
             sms = sm_count if sm_count is not None else _sm_count(torch.device("cuda", torch.cuda.current_device()))
             row_blocks = -(-rows_per_req // GLUON_CONFIG.block_m)
             if prefer_gluon_ws(total_tokens, num_reqs, row_blocks, sms):
-                return GLUON_WS_ONE_BLOCK_CONFIG if row_blocks == 1 else GLUON_WS_CONFIG
+                return gluon_ws_config(total_tokens, num_reqs, row_blocks, sms)
         return GLUON_CONFIG
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
                         pdl_split=True)

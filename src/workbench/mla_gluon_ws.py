@@ -1,6 +1,8 @@
 """A warp-specialised Gluon split kernel for the 64-row MLA decode (Hopper), the "seesaw". The default where each
 program of more than 32 rows takes at least ``mla.GLUON_WS_MIN_TOKENS`` KV tokens, or
-``mla.GLUON_WS_MIN_TOKENS_MULTI`` with two or more 64-row blocks per request (rounds 23 and 38).
+``mla.GLUON_WS_MIN_TOKENS_MULTI`` with two or more 64-row blocks per request (rounds 23, 38 and 39; its loader loads
+the indices one tile ahead, ``IDX_AHEAD``, with one row block per request or programs of at most
+``mla.GLUON_WS_IDX_AHEAD_MAX_TOKENS`` tokens).
 
 :mod:`workbench.mla_gluon` runs its two warpgroups in lockstep: both wait for a tile, both compute half of
 ``S`` (32 tokens each), exchange the row maxima and ``P`` through shared memory, and both multiply ``P V``;
