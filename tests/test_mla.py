@@ -848,20 +848,26 @@ def test_ws_loader_modes_config_is_checked():
 
 @pytest.mark.gpu
 @NEEDS_HOPPER
-@pytest.mark.parametrize("heads,qlen,kernel", [(128, 1, "ws"), (16, 6, "ws"), (16, 4, "ws_ia"), (16, 2, "swap"),
-                                               (16, 1, "swap")])
-def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen, kernel):
+@pytest.mark.parametrize("heads,qlen,kernel,kv_base", [(128, 1, "ws", 8000), (16, 6, "ws", 8000),
+                                                       (128, 1, "ws_ia", 2500), (16, 4, "ws_ia", 2500),
+                                                       (16, 2, "swap", 2500), (16, 1, "swap", 2500)])
+def test_default_picks_gluon_ws_for_long_programs_and_matches_golden(heads, qlen, kernel, kv_base):
     """By default a batch of more than 32 rows per request whose programs take >= GLUON_WS_MIN_TOKENS tokens runs
-    the warp-specialised kernel (40 ragged requests of about 3000 tokens: one split each on an H200), with the
-    idx-ahead loader for one row block per request (16 heads qlen 4; two row blocks with programs of more than
-    GLUON_WS_IDX_AHEAD_MAX_TOKENS keep the committed loader), and one of at most 32 rows (16 heads x qlen 1 or 2)
-    the swapped kernel at any size (thirteenth session); all match the golden."""
-    kv_lens = [2500 + 37 * i for i in range(40)]
+    the warp-specialised kernel (40 ragged requests of ``kv_base`` + 37 i tokens), with the idx-ahead loader for one
+    row block per request (16 heads qlen 4) or programs of at most GLUON_WS_IDX_AHEAD_MAX_TOKENS (3 splits of about
+    1070 tokens on an H200), and the committed loader with two row blocks and longer programs (about 2900: 128 heads,
+    16 heads qlen 6); one of at most 32 rows (16 heads x qlen 1 or 2) runs the swapped kernel at any size
+    (thirteenth session); all match the golden."""
+    kv_lens = [kv_base + 37 * i for i in range(40)]
     case = make_case([qlen] * 40, kv_lens, heads, dtype=torch.bfloat16, device="cuda", seed=heads + qlen)
     sms = mla._sm_count(torch.device("cuda"))
-    cfg = mla.triton_config(qlen * heads, torch.bfloat16, case["kv_indices"].numel(), num_reqs=40, sm_count=sms)
-    assert cfg == {"ws": mla.GLUON_WS_CONFIG, "ws_ia": mla.GLUON_WS_IDX_AHEAD_CONFIG}.get(
-        kernel, mla.gluon_swap_config(qlen * heads) if kernel == "swap" else None)
+    total = case["kv_indices"].numel()
+    cfg = mla.triton_config(qlen * heads, torch.bfloat16, total, num_reqs=40, sm_count=sms)
+    if kernel == "swap":
+        assert cfg == mla.gluon_swap_config(qlen * heads)
+    else:  # the rule's choice, and the case exercises the loader it is meant to on this GPU
+        assert cfg == mla.gluon_ws_config(total, 40, -(-qlen * heads // 64), sms)
+        assert cfg.ws_idx_ahead == (kernel == "ws_ia"), (cfg.label, sms)
     res = mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=0.07, backend="triton")
     want = "gluon, swapped split kernel" if kernel == "swap" else "gluon, warp-specialised split kernel"
     assert want in res.reason, res.reason
