@@ -1368,7 +1368,7 @@ GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True, ws_handoff=Tr
 # per program there too (2-9 % at 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7 against 36.1-36.4; at 64 up to 8 %
 # slower). With two or more row blocks ('multi', 51 points, three rounds) it was faster or level at every point of
 # at most 2048 tokens per program (median ratio 0.91-1.01, e.g. 128 heads B=128 L=1k 95.1-98.1 against 104.3-105.2
-# us, 16 heads qlen 8 B=16 L=4k 48.5-51.0 against 49.9-52.2) and 2-4 % slower at three of the eleven points of
+# us, 16 heads qlen 8 B=16 L=4k 48.5-51.0 against 49.9-52.2) and 2-4 % slower at three of the nine points of
 # 4096 (128 heads B=64 L=4k 170.2-172.9 against 161.7-167.5), so there it stops at GLUON_WS_IDX_AHEAD_MAX_TOKENS.
 GLUON_WS_IDX_AHEAD_CONFIG = dataclasses.replace(GLUON_WS_CONFIG, ws_idx_ahead=True)
 GLUON_WS_IDX_AHEAD_MAX_TOKENS = 2048  # two or more row blocks: GLUON_WS_IDX_AHEAD_CONFIG up to this many per program
