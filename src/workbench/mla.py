@@ -1362,13 +1362,14 @@ GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True, ws_handoff=Tr
 # wins from 128 tokens (7-19 % at 256-2048, e.g. 128 heads B=16 L=1k 20.4-20.6 against 22.5-23.1 us; 1-3 % at 128;
 # 2-9 % slower at 64).
 # Round 39 (fifteenth session): the ws kernel's loader loading each tile's indices one tile ahead (ws_idx_ahead;
-# scripts/decode_ws_loader_probe.py). With one row block per request (31 points, three rounds) it was 1-8 % faster
-# than the committed loader at 20 of the 24 one-row-block points, e.g. B=16 L=4k qlen 4 34.6-34.7 against
-# 35.3-35.4 us and B=64 L=32k 639-655 against 693-702, and so the ws kernel wins over the plain one from 128 tokens
-# per program there too (2-9 % at 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7 against 36.1-36.4; at 64 up to 8 %
-# slower). With two or more row blocks ('multi', 51 points, three rounds) it was faster or level at every point of
+# scripts/decode_ws_loader_probe.py). With one row block per request (26 of its 31 points, three rounds) it was
+# 2-7 % faster than the committed loader at 16 points (median of the rounds), e.g. B=16 L=4k qlen 4 34.6-34.7
+# against 35.3-35.4 us and B=64 L=32k 639-655 against 693-702, within 1 % at 9 (the smallest calls), and 6 %
+# slower at B=128 L=8k qlen 4, whose times scattered for every variant (level in the two repeats, round39_focus and
+# round39_focus_b); and so the ws kernel wins over the plain one from 128 tokens per program there too (1-6 % at
+# 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7 against 36.1-36.4; at 64 from 3 % faster to 8 % slower). With two or more row blocks ('multi', 51 points, three rounds) it was faster or level at every point of
 # at most 2048 tokens per program (median ratio 0.91-1.01, e.g. 128 heads B=128 L=1k 95.1-98.1 against 104.3-105.2
-# us, 16 heads qlen 8 B=16 L=4k 48.5-51.0 against 49.9-52.2) and 2-4 % slower at three of the nine points of
+# us, 16 heads qlen 8 B=16 L=4k 48.5-51.0 against 49.9-52.2) and 1-4 % slower at three of the nine points of
 # 4096 (128 heads B=64 L=4k 170.2-172.9 against 161.7-167.5), so there it stops at GLUON_WS_IDX_AHEAD_MAX_TOKENS.
 GLUON_WS_IDX_AHEAD_CONFIG = dataclasses.replace(GLUON_WS_CONFIG, ws_idx_ahead=True)
 GLUON_WS_IDX_AHEAD_MAX_TOKENS = 2048  # two or more row blocks: GLUON_WS_IDX_AHEAD_CONFIG up to this many per program

@@ -431,7 +431,7 @@ def _loader_ahead(a):
 def _load_tiles(a, AHEAD: gl.constexpr):
     """The loader's loop. ``AHEAD``: the indices of tile t+1 are loaded right after tile t's copies are issued, so
     their latency overlaps the wait for the next free buffer instead of following it (round 39: faster with one
-    64-row block per request, and with more in programs of at most 2048 tokens; 2-4 % slower at some of 4096)."""
+    64-row block per request, and with more in programs of at most 2048 tokens; 1-4 % slower at three of nine points of 4096)."""
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, A0, A1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
      kv_start, stride_kv, num_heads) = a
