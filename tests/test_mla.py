@@ -1122,6 +1122,7 @@ def test_default_configs_follow_the_batch_size(monkeypatch):
     # at most 32 rows, 16-bit, on Hopper: the swapped gluon kernel at any batch size (thirteenth session)
     assert mla.triton_config(16, torch.bfloat16, 64 * 4096, num_reqs=64, **ws) == mla.GLUON_SWAP_CONFIG
     assert not mla.prefer_gluon_ws(0, 0, 1, 132) and not mla.prefer_gluon_ws(4096, 0, 1, 132)
+    assert mla.gluon_ws_config(4 * 1024, 4, 1, 132) is None and mla.gluon_ws_config(0, 0, 1, 132) is None
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs sm_count"):
             mla.triton_config(64, torch.bfloat16, 64 * 4096, num_reqs=64, gluon=True)

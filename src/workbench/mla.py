@@ -1074,7 +1074,7 @@ class TritonConfig:
     #                           running max passes between the two warpgroups in tile order (published before the
     #                           exponentials); each keeps its own share of the running sum, added after the last tile
     ws_idx_ahead: bool = False  # ws_handoff only: the loader warpgroup loads each tile's indices one tile ahead
-    #                             (round 38c: faster with one 64-row block per request, slower with two)
+    #                             (round 39: GLUON_WS_IDX_AHEAD_CONFIG, chosen by gluon_ws_config)
     ws_early_q: bool = False  # ws_handoff only: the query tile's copies arrive on an mbarrier the consumer
     #                           warpgroups wait on, instead of being waited for before the partitions start, so the
     #                           loader's first index loads and gathers overlap them
@@ -1367,8 +1367,9 @@ GLUON_WS_CONFIG = dataclasses.replace(GLUON_CONFIG, gluon_ws=True, ws_handoff=Tr
 # against 35.3-35.4 us and B=64 L=32k 639-655 against 693-702, within 1 % at 9 (the smallest calls), and 6 %
 # slower at B=128 L=8k qlen 4, whose times scattered for every variant (level in the two repeats, round39_focus and
 # round39_focus_b); and so the ws kernel wins over the plain one from 128 tokens per program there too (1-6 % at
-# 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7 against 36.1-36.4; at 64 from 3 % faster to 8 % slower). With two or more row blocks ('multi', 51 points, three rounds) it was faster or level at every point of
-# at most 2048 tokens per program (median ratio 0.91-1.01, e.g. 128 heads B=128 L=1k 95.1-98.1 against 104.3-105.2
+# 128-512, e.g. B=16 L=4k qlen 4 34.6-34.7 against 36.1-36.4; at 64 from 3 % faster to 8 % slower). With two or
+# more row blocks ('multi', 51 points, three rounds) it was faster or level at every point of at most 2048 tokens
+# per program (median ratio 0.91-1.01, e.g. 128 heads B=128 L=1k 95.1-98.1 against 104.3-105.2
 # us, 16 heads qlen 8 B=16 L=4k 48.5-51.0 against 49.9-52.2) and 1-4 % slower at three of the nine points of
 # 4096 (128 heads B=64 L=4k 170.2-172.9 against 161.7-167.5), so there it stops at GLUON_WS_IDX_AHEAD_MAX_TOKENS.
 GLUON_WS_IDX_AHEAD_CONFIG = dataclasses.replace(GLUON_WS_CONFIG, ws_idx_ahead=True)
@@ -1382,11 +1383,8 @@ def prefer_gluon_ws(total_tokens: int, num_reqs: int, row_blocks: int, sm_count:
     ``row_blocks`` 64-row blocks per request runs the warp-specialised kernel: its programs (at the split
     count :data:`GLUON_CONFIG` gets, which :data:`GLUON_WS_CONFIG` shares) each take at least
     :data:`GLUON_WS_MIN_TOKENS` tokens on average, or :data:`GLUON_WS_MIN_TOKENS_MULTI` with two or more row
-    blocks per request."""
-    if num_reqs <= 0 or total_tokens <= 0:
-        return False
-    least = GLUON_WS_MIN_TOKENS_MULTI if row_blocks >= 2 else GLUON_WS_MIN_TOKENS
-    return gluon_tokens_per_program(total_tokens, num_reqs, row_blocks, sm_count) >= least
+    blocks per request (:func:`gluon_ws_config` is not None)."""
+    return gluon_ws_config(total_tokens, num_reqs, row_blocks, sm_count) is not None
 
 
 def gluon_tokens_per_program(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> float:
@@ -1395,12 +1393,17 @@ def gluon_tokens_per_program(total_tokens: int, num_reqs: int, row_blocks: int, 
     return total_tokens / (num_reqs * default_splits(GLUON_CONFIG, num_reqs, row_blocks, total_tokens, sm_count))
 
 
-def gluon_ws_config(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> TritonConfig:
-    """The warp-specialised config for a call that :func:`prefer_gluon_ws` gives it: :data:`GLUON_WS_IDX_AHEAD_CONFIG`
-    with one row block per request, or with more and at most :data:`GLUON_WS_IDX_AHEAD_MAX_TOKENS` tokens per
-    program; else :data:`GLUON_WS_CONFIG` (round 39)."""
-    if row_blocks == 1 or gluon_tokens_per_program(total_tokens, num_reqs, row_blocks,
-                                                   sm_count) <= GLUON_WS_IDX_AHEAD_MAX_TOKENS:
+def gluon_ws_config(total_tokens: int, num_reqs: int, row_blocks: int, sm_count: int) -> TritonConfig | None:
+    """The warp-specialised config a gluon call runs (arguments as for :func:`prefer_gluon_ws`), or None where its
+    programs are too short for it and the plain kernel runs: :data:`GLUON_WS_IDX_AHEAD_CONFIG` with one row block
+    per request, or with more and at most :data:`GLUON_WS_IDX_AHEAD_MAX_TOKENS` tokens per program; else
+    :data:`GLUON_WS_CONFIG` (round 39)."""
+    if num_reqs <= 0 or total_tokens <= 0:
+        return None
+    per_program = gluon_tokens_per_program(total_tokens, num_reqs, row_blocks, sm_count)
+    if per_program < (GLUON_WS_MIN_TOKENS_MULTI if row_blocks >= 2 else GLUON_WS_MIN_TOKENS):
+        return None
+    if row_blocks == 1 or per_program <= GLUON_WS_IDX_AHEAD_MAX_TOKENS:
         return GLUON_WS_IDX_AHEAD_CONFIG
     return GLUON_WS_CONFIG
 
@@ -1510,9 +1513,9 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
                 raise ValueError("triton_config(gluon=True, num_reqs=...) needs sm_count (the GPU's SM count) when no "
                                  "CUDA device is present to read it from")
             sms = sm_count if sm_count is not None else _sm_count(torch.device("cuda", torch.cuda.current_device()))
-            row_blocks = -(-rows_per_req // GLUON_CONFIG.block_m)
-            if prefer_gluon_ws(total_tokens, num_reqs, row_blocks, sms):
-                return gluon_ws_config(total_tokens, num_reqs, row_blocks, sms)
+            ws = gluon_ws_config(total_tokens, num_reqs, -(-rows_per_req // GLUON_CONFIG.block_m), sms)
+            if ws is not None:
+                return ws
         return GLUON_CONFIG
     return TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
                         pdl_split=True)
