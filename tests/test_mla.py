@@ -1306,6 +1306,55 @@ def test_bench_decode_bars_logic():
     assert bars["16 heads qlen 1 B=16 L=4k: KV bandwidth >= 2.5 TB/s"]["value"] is None
 
 
+def test_bench_decode_ratio_bars_take_the_median_of_paired_rounds():
+    from workbench.bench import decode as bench
+
+    name = "16 heads qlen 4 B=16 L=4k: time <= 1.25x qlen 1"
+    rows = [dict(heads=16, qlen=1, batch=16, context=4096, triton_us=28.0, kv_gb_s=1.0, tflops=1.0),
+            dict(heads=16, qlen=4, batch=16, context=4096, triton_us=36.4, kv_gb_s=1.0, tflops=1.0)]
+    rounds = [dict(round=i, qlen1_us=b, us=u, ratio=u / b)
+              for i, (b, u) in enumerate([(30.0, 36.0), (29.0, 37.0), (28.0, 36.0), (30.0, 35.0), (31.0, 38.0)])]
+    bars = {b["name"]: b for b in bench.evaluate_bars(rows, copy_gb_s=4200.0, paired={name: rounds})}
+    bar = bars[name]
+    ratios = sorted(r["ratio"] for r in rounds)
+    assert bar["value"] == pytest.approx(ratios[2]) and bar["verdict"] == "PASS"  # 36/30 = 1.2
+    assert bar["sweep_value"] == pytest.approx(1.3) and bar["method"] == "median of 5 paired rounds"
+    assert (bar["ratio_min"], bar["ratio_max"]) == (pytest.approx(ratios[0]), pytest.approx(ratios[-1]))
+    assert bar["rounds"] == rounds
+    # a median over the bar fails it even where the sweep's single ratio passed
+    slow = [dict(r, us=r["qlen1_us"] * 1.3, ratio=1.3) for r in rounds]
+    rows[1]["triton_us"] = 30.0
+    again = {b["name"]: b for b in bench.evaluate_bars(rows, 4200.0, paired={name: slow})}
+    assert again[name]["sweep_value"] == pytest.approx(30.0 / 28.0) and again[name]["verdict"] == "MISS"
+    # without rounds: the sweep's ratio, and no paired fields
+    plain = {b["name"]: b for b in bench.evaluate_bars(rows, copy_gb_s=4200.0)}[name]
+    assert plain["value"] == pytest.approx(30.0 / 28.0) and "rounds" not in plain
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU check of the pairing order, with a fake timer (no kernel runs)")
+def test_bench_decode_ratio_rounds_alternate_the_order():
+    from workbench.bench import decode as bench
+
+    pool = bench.CachePool(2 * 64, torch.float16, torch.device("cpu"))
+    bar = bench.Bar("t", "qlen_time_ratio", 16, 2, 64, 1.25, 4)
+    seen = []
+    first = {}
+
+    def fake_timer(fn):
+        first.setdefault("base", fn)  # round 0 times qlen 1 first
+        seen.append("base" if fn is first["base"] else "q")
+        return 10.0 if fn is first["base"] else 12.0
+
+    out = bench.ratio_rounds(pool, bar, config_for=lambda rows: None, timer=fake_timer, rounds=4)
+    assert seen == ["base", "q", "q", "base", "base", "q", "q", "base"]
+    assert [r["round"] for r in out] == [0, 1, 2, 3]
+    assert all(r["qlen1_us"] == 10.0 and r["us"] == 12.0 and r["ratio"] == pytest.approx(1.2) for r in out)
+    with pytest.raises(ValueError, match="rounds is 0"):
+        bench.ratio_rounds(pool, bar, config_for=lambda rows: None, timer=fake_timer, rounds=0)
+    with pytest.raises(ValueError, match="bar.kind"):
+        bench.ratio_rounds(pool, bench.BARS[0], config_for=lambda rows: None, timer=fake_timer)
+
+
 def test_explore_best_takes_the_minimum_over_splits_per_point():
     from workbench.bench import decode as bench
 
@@ -1328,6 +1377,10 @@ def test_bench_decode_cli_modes_without_gpu_say_why(capsys):
         assert "benchmarks need a CUDA or ROCm GPU" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: rounds are 1-21
         cli.main(["bench", "decode", "--explore", "22"])
+    for bad in ("-1", "two"):  # argparse: paired rounds are a whole number >= 0
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "decode", "--ratio-rounds", bad])
+        assert "--ratio-rounds is" in capsys.readouterr().err
 
 
 def test_cache_pool_runs_keep_blocks_contiguous():

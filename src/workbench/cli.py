@@ -111,6 +111,17 @@ def _add_bench_expand(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _rounds_arg(text: str) -> int:
+    """``--ratio-rounds``: a whole number, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ratio-rounds is {text!r}; it must be a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--ratio-rounds is {n}; it must be 0 (the sweep's ratio) or more")
+    return n
+
+
 def _add_bench_decode(sub: argparse._SubParsersAction) -> None:
     p = _bench_group(sub).add_parser(
         "decode", help="MLA decode: Triton kernel vs torch path vs copy bandwidth and matmul rate; bars PASS/MISS")
@@ -118,6 +129,9 @@ def _add_bench_decode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", action="store_true", help="first time a few launch configs per regime and use the best")
     p.add_argument("--quick", action="store_true", help="only the points the bars need")
     p.add_argument("--no-torch", action="store_true", help="skip the (slow) torch path")
+    p.add_argument("--ratio-rounds", type=_rounds_arg, default=None, metavar="N",
+                   help="paired rounds per qlen-ratio bar, whose median is the bar's value (default 7; 0: the "
+                        "sweep's single ratio)")
     p.add_argument("--explore", type=int, metavar="ROUND", choices=range(1, 22),
                    help="instead: one focused sweep of chapter 3 (rounds 1-21; its kernels compiled in parallel first)")
     p.add_argument("--layouts", action="store_true",
