@@ -173,10 +173,9 @@ def measure_point(pool: CachePool, heads: int, qlen: int, batch: int, context: i
 
 
 # The qlen-ratio bars divide two timings. The sweep takes each once, apart (the qlen-1 grid first, the qlen grid
-# later), each right after its kernels compile on first use; the B=16 L=4k qlen-1 call alone moved 27.8-31.2 us
-# between the calls of one session (round 39), and in the sixteenth session's run the sweep timed its qlen-4 call at
-# 37.8 us against 34.8-35.3 in the paired rounds after it. So one sweep's ratio mixes two machine states. Each
-# ratio bar is therefore also measured in
+# later), and one timing can stray: in the sixteenth session's run the sweep timed the B=16 L=4k qlen-4 call at
+# 37.8 us against 34.8-35.3 in the paired rounds after it on the same machine (not a clock effect: the clock
+# probe, explore.clock_probe, read 1980 MHz throughout). Each ratio bar is therefore also measured in
 # RATIO_ROUNDS paired rounds: in each, both calls are timed back to back (the order alternating from round to
 # round), and the bar's value is the median of the per-round ratios; every round is kept in the JSON beside the
 # sweep's own ratio.
