@@ -1078,6 +1078,10 @@ class TritonConfig:
     ws_early_q: bool = False  # ws_handoff only: the query tile's copies arrive on an mbarrier the consumer
     #                           warpgroups wait on, instead of being waited for before the partitions start, so the
     #                           loader's first index loads and gathers overlap them
+    ws_split_merge: bool = False  # ws_idx_ahead only: with 2 to 8 splits, the programs of a row block merge their
+    #                               partials themselves (each a 32-column slice, after a count in global memory says
+    #                               all are stored), launched cooperatively so that all are resident at once; no
+    #                               second kernel. Other split counts, or a grid that does not fit, take the merge kernel
     gluon_swap: bool = False  # the split kernel of workbench.mla_gluon_swap (Hopper, 16-bit, 16 or 32 rows x 64
     #                           tokens on one warpgroup): the products transposed on wgmma (tokens as M), so the
     #                           query and each tile are read from shared memory once per tile (thirteenth session,
@@ -1138,6 +1142,9 @@ class TritonConfig:
         if (self.ws_idx_ahead or self.ws_early_q) and not self.ws_handoff:
             raise ValueError("ws_idx_ahead and ws_early_q are modes of the hand-over schedule: they need "
                              "ws_handoff=True")
+        if self.ws_split_merge and not self.ws_idx_ahead:
+            raise ValueError("ws_split_merge is written for the warp-specialised kernel's idx-ahead loader: it needs "
+                             "ws_idx_ahead=True (and so ws_handoff, gluon_ws and coalesced_store)")
         if self.gluon_ws and (not self.gluon or self.cluster_merge or self.block_n != 64):
             raise ValueError("gluon_ws replaces the gluon split kernel: it needs gluon=True, no cluster_merge and the "
                              "64-token config (it has its own 32-token tiles and four buffers)")
@@ -1207,7 +1214,7 @@ class TritonConfig:
                 self.pdl_split, self.idx_dist, self.idx_prefetch, self.meta_before_wait, self.gluon,
                 self.cluster_merge, self.gluon_ws, self.spin_merge, self.tma_store, self.split_merge,
                 self.narrow_partials, self.coalesced_store, self.prefetch_before_wait, self.gluon_swap, self.ws_handoff,
-                self.ws_idx_ahead, self.ws_early_q)
+                self.ws_idx_ahead, self.ws_early_q, self.ws_split_merge)
 
     @property
     def label(self) -> str:
@@ -1224,6 +1231,7 @@ class TritonConfig:
                 + (" sm" if self.split_merge else "") + (" np" if self.narrow_partials else "")
                 + (" cst" if self.coalesced_store else "") + (" ho" if self.ws_handoff else "")
                 + (" wia" if self.ws_idx_ahead else "") + (" weq" if self.ws_early_q else "")
+                + (" wsm" if self.ws_split_merge else "")
                 + (f" pbw{self.prefetch_before_wait}" if self.prefetch_before_wait else ""))
 
     def resident_per_sm(self) -> int:
@@ -1828,9 +1836,21 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
     if cfg.gluon_ws:  # the warp-specialised kernel (GLUON_WS_CONFIG)
         from workbench import mla_gluon_ws
 
-        compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](
-            *head, *tail, DIRECT=direct, HANDOFF=cfg.ws_handoff, IDX_AHEAD=cfg.ws_idx_ahead, EARLY_Q=cfg.ws_early_q,
-            **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
+        ws_consts = dict(DIRECT=direct, HANDOFF=cfg.ws_handoff, IDX_AHEAD=cfg.ws_idx_ahead, EARLY_Q=cfg.ws_early_q,
+                         **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
+        if cfg.ws_split_merge and 2 <= num_splits <= mla_gluon_ws.SM_MAX_SPLITS.value:
+            # the programs of each row block merge their partials themselves (no second kernel), when the whole
+            # grid is resident at once: launched cooperatively, which CUDA refuses rather than run it otherwise
+            counters = _counter_workspace(q.device, 2 * num_reqs * row_blocks)
+            sm_args = (*head, *tail)
+            sm_consts = dict(ws_consts, COUNTERS=counters, FINAL_O=out, FINAL_LSE=lse, SPLIT_MERGE=True,
+                             launch_cooperative_grid=True)
+            if num_reqs * row_blocks * num_splits <= resident_capacity(
+                    mla_gluon_ws.mla_decode_gluon_ws_kernel, grid, sm_args, sm_consts, q.device):
+                compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](*sm_args, **sm_consts)
+                _note_compiled(cfg, compiled)
+                return
+        compiled = mla_gluon_ws.mla_decode_gluon_ws_kernel[grid](*head, *tail, **ws_consts)
     else:
         if cfg.cluster_merge and num_splits in mla_gluon.CLUSTER_SPLITS:
             # clusters of num_splits programs along axis 0 (row block x split), merged in the kernel; only when

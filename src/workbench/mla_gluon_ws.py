@@ -415,6 +415,113 @@ def _consumer1_partial_handoff(a):
 
 
 @gluon.jit
+def _consumer0_partial_handoff_sm(a, x):
+    _consumer_handoff(a, 0, False)
+    _merge_splits_in_kernel(x, 0)
+
+
+@gluon.jit
+def _consumer1_partial_handoff_sm(a, x):
+    _consumer_handoff(a, 1, False)
+    _merge_splits_in_kernel(x, 1)
+
+
+SM_MAX_SPLITS = gl.constexpr(8)  # SPLIT_MERGE: splits of a row block merged at once (the mode takes at most this many)
+SM_MAX_SPIN = gl.constexpr(1 << 22)  # SPLIT_MERGE: polls of the row block's count before a worker gives up and writes NaN
+
+# One thread per element over a warpgroup (128 threads): the leader (element 0) adds 1 to the count with release
+# semantics at GPU scope, then every thread polls the count with acquire loads until it reaches the target or the
+# poll budget runs out, and returns what it saw last. Labels inside braces are local to the block.
+_ARRIVE_AND_WAIT = gl.constexpr("""{
+    .reg .pred p, more;
+    .reg .u32 v, n;
+    setp.eq.s32 p, $2, 0;
+    @p red.release.gpu.global.add.u32 [$1], 1;
+    mov.u32 n, 0;
+WAIT:
+    ld.acquire.gpu.global.u32 v, [$1];
+    add.u32 n, n, 1;
+    setp.lt.u32 more, v, $3;
+    @!more bra DONE;
+    setp.lt.u32 more, n, $4;
+    @more bra WAIT;
+DONE:
+    mov.u32 $0, v;
+}""")
+
+# The leader adds 1 to the leave count (the word after the arrival count); the worker that brings it to $3 (the
+# last of the row block's workers, every one of them past its polls) zeroes both words for the next launch.
+_LEAVE = gl.constexpr("""{
+    .reg .pred p, q;
+    .reg .u32 old;
+    mov.u32 old, 0;
+    setp.eq.s32 p, $2, 0;
+    @p atom.acq_rel.gpu.global.add.u32 old, [$1+4], 1;
+    setp.eq.and.u32 q, old, $3, p;
+    @q st.relaxed.gpu.global.u32 [$1], 0;
+    @q st.relaxed.gpu.global.u32 [$1+4], 0;
+    mov.u32 $0, old;
+}""")
+
+
+@gluon.jit
+def _merge_splits_in_kernel(x, W: gl.constexpr):
+    """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Once this warpgroup's half of the partial
+    is stored, it counts itself in (one release per warpgroup) and waits until all ``2 * num_splits`` warpgroups
+    of its row block have; then it merges 32-column slices of the row block over all splits (the slices are dealt
+    round-robin to the block's ``2 * num_splits`` warpgroups: one each with 8 splits), reading the partials from L2,
+    and writes the final output (and, for slice 0, the LSE). Every program of the launch must be resident at once
+    (the host launches it cooperatively). A worker whose polls run out writes NaN, not a partial merge."""
+    (COUNT, PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_rows, pid_s, num_splits) = x
+    BM: gl.constexpr = 64
+    CW: gl.constexpr = 32
+    SC: gl.constexpr = SM_MAX_SPLITS
+    D_LATENT: gl.constexpr = _D_LATENT
+    ONE: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane = gl.arange(0, 128, layout=ONE)
+    zero = lane * 0
+    _cta_barrier()  # every thread of this warpgroup has issued its partial stores (and LSE stores)
+    seen = gl.inline_asm_elementwise(_ARRIVE_AND_WAIT, "=r,l,r,r,r",
+                                     [COUNT + zero, lane, zero + 2 * num_splits, zero + SM_MAX_SPIN],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+    short = gl.max((seen < 2 * num_splits).to(gl.int32), axis=0)  # any thread out of polls: NaN below
+
+    ML: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [1, 4, 1], [2, 1, 0])  # (splits, rows, columns)
+    SR_L: gl.constexpr = gl.SliceLayout(2, ML)
+    O_SL: gl.constexpr = gl.SliceLayout(0, ML)
+    sp = gl.arange(0, SC, layout=gl.SliceLayout(1, SR_L))
+    r = gl.arange(0, BM, layout=gl.SliceLayout(0, SR_L))
+    rows = (row0 + r).to(gl.int64)
+    ok = (sp < num_splits)[:, None] & (r < n_valid)[None, :]
+    slot = sp.to(gl.int64)[:, None] * total_rows + rows[None, :]  # (splits, rows): the partial row of split s
+    lse = gl.load(PART_LSE + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    m = gl.max(lse, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
+    denom = gl.sum(w, axis=0)
+    has = denom > 0.0
+    safe = gl.where(has, denom, 1.0)
+    rows_o = gl.convert_layout(rows, gl.SliceLayout(1, O_SL))
+    ok_o = gl.convert_layout(r < n_valid, gl.SliceLayout(1, O_SL))
+    safe_o = gl.convert_layout(safe, gl.SliceLayout(1, O_SL))
+    for c in range(2 * pid_s + W, D_LATENT // CW, 2 * num_splits):
+        cols = c * CW + gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ML)))
+        parts = gl.load(PART_O + slot[:, :, None] * D_LATENT + cols[None, None, :], mask=ok[:, :, None], other=0.0,
+                        cache_modifier=".cg").to(gl.float32)
+        out = gl.sum(parts * w[:, :, None], axis=0) / safe_o[:, None]
+        out = gl.where(short > 0, float("nan"), out)
+        cols_o = gl.convert_layout(cols, gl.SliceLayout(0, O_SL))
+        gl.store(FINAL_O + rows_o[:, None] * D_LATENT + cols_o[None, :], out.to(FINAL_O.dtype.element_ty),
+                 mask=ok_o[:, None])
+    if (pid_s == 0) & (W == 0):
+        final_lse = gl.where(has, m_safe + gl.log(safe), float("-inf"))
+        gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=r < n_valid)
+    _cta_barrier()  # every thread is past its polls and its partial loads
+    gl.inline_asm_elementwise(_LEAVE, "=r,l,r,r", [COUNT + zero, lane, zero + (2 * num_splits - 1)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _loader(a):
     """The loader warpgroup: gather tile t's rows by index into buffer t % 4 once both warpgroups released it;
     each lane's copies arrive on the buffer's mbarrier when they land (count LOADER_WARPS * 32)."""
@@ -479,6 +586,11 @@ def mla_decode_gluon_ws_kernel(
     EARLY_Q: gl.constexpr = False,  # (with HANDOFF) the query tile's copies are not waited for before the partitions
     #                                 start: they arrive on an mbarrier the consumers wait on, so the loader's
     #                                 first index loads and gathers overlap them
+    COUNTERS=None,  # SPLIT_MERGE: (2 * B * row_blocks,) int32 zeros (left zeroed): per row block, arrivals and leaves
+    FINAL_O=None,  # SPLIT_MERGE: (total_q * H, 512) q.dtype, the merged output
+    FINAL_LSE=None,  # SPLIT_MERGE: (total_q * H,) fp32
+    SPLIT_MERGE: gl.constexpr = False,  # (with HANDOFF and IDX_AHEAD, partials) the programs of a row block merge
+    #                                     their partials themselves (_merge_splits_in_kernel): no second kernel
 ):
     BM: gl.constexpr = 64
     BN: gl.constexpr = 32
@@ -558,7 +670,14 @@ def mla_decode_gluon_ws_kernel(
                 m_ready, done, q_bar, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q,
                 qk_scale, out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
-        if HANDOFF:
+        if SPLIT_MERGE:
+            gl.static_assert(HANDOFF and IDX_AHEAD and COALESCED_STORE and not DIRECT,
+                             "SPLIT_MERGE is written for the hand-over schedule, IDX_AHEAD and partials")
+            x = (COUNTERS + (req * gl.num_programs(0) + pid_m) * 2, OUT, LSE, FINAL_O, FINAL_LSE, row0,
+                 n_rows - pid_m * BM, total_rows, pid_s, num_splits)
+            gl.warp_specialize([(_consumer0_partial_handoff_sm, (args, x)), (_consumer1_partial_handoff_sm, (args, x)),
+                                (_loader_ahead, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+        elif HANDOFF:
             gl.static_assert(COALESCED_STORE, "the hand-over schedule is written for COALESCED_STORE")
             if DIRECT:
                 if IDX_AHEAD:
