@@ -417,40 +417,47 @@ def _consumer1_partial_handoff(a):
 @gluon.jit
 def _consumer0_partial_handoff_sm(a, x):
     _consumer_handoff(a, 0, False)
-    _merge_splits_in_kernel(x, 0)
+    _arrive(x[0])
 
 
 @gluon.jit
 def _consumer1_partial_handoff_sm(a, x):
     _consumer_handoff(a, 1, False)
-    _merge_splits_in_kernel(x, 1)
+    _arrive(x[0])
 
 
 SM_MAX_SPLITS = gl.constexpr(8)  # SPLIT_MERGE: splits of a row block merged at once (the mode takes at most this many)
 SM_MAX_SPIN = gl.constexpr(1 << 22)  # SPLIT_MERGE: polls of the row block's count before a worker gives up and writes NaN
 
-# One thread per element over a warpgroup (128 threads): the leader (element 0) adds 1 to the count with release
-# semantics at GPU scope, then every thread polls the count with acquire loads until it reaches the target or the
-# poll budget runs out, and returns what it saw last. Labels inside braces are local to the block.
-_ARRIVE_AND_WAIT = gl.constexpr("""{
-    .reg .pred p, more;
-    .reg .u32 v, n;
+# SPLIT_MERGE's count, two 32-bit words per row block in global memory: arrivals, then leaves.
+# _ARRIVE: once its partial stores are issued (a barrier of the warpgroup first), the warpgroup's leader (element
+# 0) adds 1 to the arrivals with release semantics at GPU scope. One thread per element over 128 threads.
+_ARRIVE = gl.constexpr("""{
+    .reg .pred p;
     setp.eq.s32 p, $2, 0;
     @p red.release.gpu.global.add.u32 [$1], 1;
+    mov.u32 $0, 0;
+}""")
+
+# _WAIT: every thread polls the arrivals with acquire loads until they reach $2 or the poll budget $3 runs out, and
+# returns what it saw last. Labels inside braces are local to the block.
+_WAIT = gl.constexpr("""{
+    .reg .pred more;
+    .reg .u32 v, n;
     mov.u32 n, 0;
 WAIT:
     ld.acquire.gpu.global.u32 v, [$1];
     add.u32 n, n, 1;
-    setp.lt.u32 more, v, $3;
+    setp.lt.u32 more, v, $2;
     @!more bra DONE;
-    setp.lt.u32 more, n, $4;
+    setp.lt.u32 more, n, $3;
     @more bra WAIT;
 DONE:
     mov.u32 $0, v;
 }""")
 
-# The leader adds 1 to the leave count (the word after the arrival count); the worker that brings it to $3 (the
-# last of the row block's workers, every one of them past its polls) zeroes both words for the next launch.
+# _LEAVE: the leader adds 1 to the leaves; the program that brings them to $3 (the last of the row block's, every
+# one of them past its polls and loads) zeroes both words for the next launch.
 _LEAVE = gl.constexpr("""{
     .reg .pred p, q;
     .reg .u32 old;
@@ -465,13 +472,39 @@ _LEAVE = gl.constexpr("""{
 
 
 @gluon.jit
-def _merge_splits_in_kernel(x, W: gl.constexpr):
-    """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Once this warpgroup's half of the partial
-    is stored, it counts itself in (one release per warpgroup) and waits until all ``2 * num_splits`` warpgroups
-    of its row block have; then it merges 32-column slices of the row block over all splits (the slices are dealt
-    round-robin to the block's ``2 * num_splits`` warpgroups: one each with 8 splits), reading the partials from L2,
-    and writes the final output (and, for slice 0, the LSE). Every program of the launch must be resident at once
-    (the host launches it cooperatively). A worker whose polls run out writes NaN, not a partial merge."""
+def _arrive(COUNT):
+    """SPLIT_MERGE: this warpgroup's partial stores are issued; count it in (one release for the warpgroup)."""
+    ONE: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane = gl.arange(0, 128, layout=ONE)
+    _cta_barrier()
+    gl.inline_asm_elementwise(_ARRIVE, "=r,l,r", [COUNT + lane * 0, lane], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _merge_slice(PART_O, FINAL_O, rows, ok, col0, total_rows, num_splits, PART_LSE, m_safe, safe, short,
+                 SC: gl.constexpr, BM: gl.constexpr, CW: gl.constexpr, D_LATENT: gl.constexpr, OL: gl.constexpr):
+    """Columns ``col0 .. col0 + CW`` of rows ``rows`` merged over the splits (unrolled: every load in flight at once)
+    and stored to ``FINAL_O``; NaN where ``short`` (a worker's polls ran out)."""
+    cols = col0 + gl.arange(0, CW, layout=gl.SliceLayout(0, OL))
+    acc = gl.zeros([BM, CW], gl.float32, layout=OL)
+    for sp in gl.static_range(SC):
+        live = ok & (sp < num_splits)
+        lse_s = gl.load(PART_LSE + sp * total_rows + rows, mask=live, other=float("-inf"), cache_modifier=".cg")
+        part = gl.load(PART_O + (sp * total_rows + rows)[:, None] * D_LATENT + cols[None, :], mask=live[:, None],
+                       other=0.0, cache_modifier=".cg").to(gl.float32)
+        acc += gl.exp(lse_s - m_safe)[:, None] * part
+    out = gl.where(short > 0, float("nan"), acc / safe[:, None])
+    gl.store(FINAL_O + rows[:, None] * D_LATENT + cols[None, :], out.to(FINAL_O.dtype.element_ty), mask=ok[:, None])
+
+
+@gluon.jit
+def _merge_splits_in_kernel(x):
+    """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Each warpgroup counts itself in once its
+    half of the partial is stored (:func:`_arrive`). Then, after the partitions, the program's default warpgroup
+    waits until all ``2 * num_splits`` warpgroups of its row block have, merges 32-column slices of the row block
+    over all splits (slice c goes to split ``c % num_splits``: two each with 8 splits), reading the partials from L2,
+    and writes the final output (split 0 also the LSE). Every program of the launch must be resident at once (the
+    host launches it cooperatively). A program whose polls run out writes NaN, not a partial merge."""
     (COUNT, PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_rows, pid_s, num_splits) = x
     BM: gl.constexpr = 64
     CW: gl.constexpr = 32
@@ -480,44 +513,39 @@ def _merge_splits_in_kernel(x, W: gl.constexpr):
     ONE: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     lane = gl.arange(0, 128, layout=ONE)
     zero = lane * 0
-    _cta_barrier()  # every thread of this warpgroup has issued its partial stores (and LSE stores)
-    seen = gl.inline_asm_elementwise(_ARRIVE_AND_WAIT, "=r,l,r,r,r",
-                                     [COUNT + zero, lane, zero + 2 * num_splits, zero + SM_MAX_SPIN],
+    seen = gl.inline_asm_elementwise(_WAIT, "=r,l,r,r", [COUNT + zero, zero + 2 * num_splits, zero + SM_MAX_SPIN],
                                      dtype=gl.int32, is_pure=False, pack=1)
     short = gl.max((seen < 2 * num_splits).to(gl.int32), axis=0)  # any thread out of polls: NaN below
 
-    ML: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [1, 4, 1], [2, 1, 0])  # (splits, rows, columns)
-    SR_L: gl.constexpr = gl.SliceLayout(2, ML)
-    O_SL: gl.constexpr = gl.SliceLayout(0, ML)
-    sp = gl.arange(0, SC, layout=gl.SliceLayout(1, SR_L))
-    r = gl.arange(0, BM, layout=gl.SliceLayout(0, SR_L))
+    OL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # (rows, 32 columns): 16-byte vectors
+    RL: gl.constexpr = gl.SliceLayout(1, OL)
+    r = gl.arange(0, BM, layout=RL)
+    ok = r < n_valid
     rows = (row0 + r).to(gl.int64)
-    ok = (sp < num_splits)[:, None] & (r < n_valid)[None, :]
-    slot = sp.to(gl.int64)[:, None] * total_rows + rows[None, :]  # (splits, rows): the partial row of split s
-    lse = gl.load(PART_LSE + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    m = gl.max(lse, axis=0)
+    # the splits' LSEs (unrolled: every load in flight at once), their max, and the sum of their weights
+    m = gl.full([BM], float("-inf"), gl.float32, layout=RL)
+    for sp in gl.static_range(SC):
+        lse_s = gl.load(PART_LSE + sp * total_rows + rows, mask=ok & (sp < num_splits), other=float("-inf"),
+                        cache_modifier=".cg")
+        m = gl.maximum(m, lse_s)
     m_safe = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
-    denom = gl.sum(w, axis=0)
+    denom = gl.zeros([BM], gl.float32, layout=RL)
+    for sp in gl.static_range(SC):
+        lse_s = gl.load(PART_LSE + sp * total_rows + rows, mask=ok & (sp < num_splits), other=float("-inf"),
+                        cache_modifier=".cg")
+        denom += gl.exp(lse_s - m_safe)  # 0 for a split that saw no key of the row
     has = denom > 0.0
     safe = gl.where(has, denom, 1.0)
-    rows_o = gl.convert_layout(rows, gl.SliceLayout(1, O_SL))
-    ok_o = gl.convert_layout(r < n_valid, gl.SliceLayout(1, O_SL))
-    safe_o = gl.convert_layout(safe, gl.SliceLayout(1, O_SL))
-    for c in range(2 * pid_s + W, D_LATENT // CW, 2 * num_splits):
-        cols = c * CW + gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ML)))
-        parts = gl.load(PART_O + slot[:, :, None] * D_LATENT + cols[None, None, :], mask=ok[:, :, None], other=0.0,
-                        cache_modifier=".cg").to(gl.float32)
-        out = gl.sum(parts * w[:, :, None], axis=0) / safe_o[:, None]
-        out = gl.where(short > 0, float("nan"), out)
-        cols_o = gl.convert_layout(cols, gl.SliceLayout(0, O_SL))
-        gl.store(FINAL_O + rows_o[:, None] * D_LATENT + cols_o[None, :], out.to(FINAL_O.dtype.element_ty),
-                 mask=ok_o[:, None])
-    if (pid_s == 0) & (W == 0):
+    # slices c = pid_s + k * num_splits below 16 (at most 8 with 2 or more splits), masked, not branched on
+    for k in gl.static_range(D_LATENT // CW // 2):
+        c = pid_s + k * num_splits
+        _merge_slice(PART_O, FINAL_O, rows, ok & (c < D_LATENT // CW), c * CW, total_rows, num_splits, PART_LSE,
+                     m_safe, safe, short, SC, BM, CW, D_LATENT, OL)
+    if pid_s == 0:
         final_lse = gl.where(has, m_safe + gl.log(safe), float("-inf"))
-        gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=r < n_valid)
+        gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=ok)
     _cta_barrier()  # every thread is past its polls and its partial loads
-    gl.inline_asm_elementwise(_LEAVE, "=r,l,r,r", [COUNT + zero, lane, zero + (2 * num_splits - 1)],
+    gl.inline_asm_elementwise(_LEAVE, "=r,l,r,r", [COUNT + zero, lane, zero + (num_splits - 1)],
                               dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -677,6 +705,7 @@ def mla_decode_gluon_ws_kernel(
                  n_rows - pid_m * BM, total_rows, pid_s, num_splits)
             gl.warp_specialize([(_consumer0_partial_handoff_sm, (args, x)), (_consumer1_partial_handoff_sm, (args, x)),
                                 (_loader_ahead, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            _merge_splits_in_kernel(x)  # after the partitions, on the default warpgroup
         elif HANDOFF:
             gl.static_assert(COALESCED_STORE, "the hand-over schedule is written for COALESCED_STORE")
             if DIRECT:
