@@ -65,9 +65,9 @@ def main(out: str, rounds: int = 5) -> None:
     sm = mla._sm_count(dev)
     checks = []
     # ragged batches: short requests whose later splits hold no token, a request of one token, 48-row blocks
-    for heads, qlen, lens, splits in ((16, 4, [1, 17, 100, 1000, 4099, 33, 7, 64], 8), (16, 3, [5, 300, 2000], 4),
+    for heads, qlen, lens, splits in ((16, 4, [4, 17, 100, 1000, 4099, 33, 7, 64], 8), (16, 3, [5, 300, 2000], 4),
                                       (128, 1, [70, 1, 4000, 129], 2), (16, 4, [4096] * 16, 8),
-                                      (16, 2, [900, 31], 3), (16, 4, [3, 2, 1, 4], 8)):
+                                      (16, 2, [900, 31], 3), (16, 4, [4, 5, 6, 4], 8)):
         x = ragged_case(heads, qlen, lens, dev, seed=len(lens))
         cfg = dataclasses.replace(mla.GLUON_WS_IDX_AHEAD_CONFIG)
         checks.append(check(*x, qlen, cfg, splits, f"ragged H={heads} qlen={qlen} lens={lens[:5]}"))

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
-                "gluon_ws_handoff", "gluon_ws_loader")
+                "gluon_ws_handoff", "gluon_ws_loader", "gluon_ws_split_merge", "gluon_ws_ia")
 
 SCRIPT = """
 import dataclasses, json, torch
@@ -82,6 +82,9 @@ out["gluon_ws_loader"] = [codegen.gluon_ws_kernel_report(coalesced_store=True, n
                                                          idx_ahead=True, early_q=True),
                           codegen.gluon_ws_kernel_report(direct=True, coalesced_store=True, handoff=True,
                                                          idx_ahead=True, early_q=True)]
+out["gluon_ws_split_merge"] = codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, handoff=True,
+                                                             idx_ahead=True, split_merge=True)
+out["gluon_ws_ia"] = codegen.gluon_ws_kernel_report(coalesced_store=True, narrow=True, handoff=True, idx_ahead=True)
 print(json.dumps(out))
 """
 
@@ -389,6 +392,18 @@ def test_ws_loader_modes_move_the_query_wait_into_the_partitions(reports):
         assert (h["cp_async_wait"], r["cp_async_wait"]) == (1, 0), (r, h)
         assert r["cp_async_mbarrier_arrive"] == h["cp_async_mbarrier_arrive"] + 1 == 2, (r, h)
         assert r["pdl"]["global_reads_before_wait"] == 0 and r["spill_bytes"] <= h["spill_bytes"] + 16, (r, h)
+
+
+def test_ws_split_merge_counts_once_per_warpgroup_and_keeps_the_main_loop(reports):
+    """``ws_split_merge`` (round 40, opt-in): the idx-ahead kernel's products and mbarrier waits unchanged; one
+    release arrival and one acquire poll loop per consumer warpgroup, one leave each; nothing read before the PDL
+    wait; shared memory within the H200's limit; spills within the idx-ahead kernel's plus 16 bytes."""
+    r, base = reports["gluon_ws_split_merge"], reports["gluon_ws_ia"]
+    assert (r["wgmma"], r["mbarrier_waits"]) == (base["wgmma"], base["mbarrier_waits"]), (r, base)
+    assert r["count_ops"] == {"red.release.gpu": 2, "ld.acquire.gpu": 2, "atom.acq_rel.gpu": 2}, r["count_ops"]
+    assert base["count_ops"] == {"red.release.gpu": 0, "ld.acquire.gpu": 0, "atom.acq_rel.gpu": 0}, base["count_ops"]
+    assert r["pdl"]["global_reads_before_wait"] == 0 and r["shared"] <= codegen.GLUON_SMEM_LIMIT, r
+    assert r["spill_bytes"] <= base["spill_bytes"] + 16, (r, base)
 
 
 def test_prefetch_before_wait_reads_only_through_l2_before_the_wait(reports):

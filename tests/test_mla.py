@@ -846,6 +846,48 @@ def test_ws_loader_modes_config_is_checked():
     assert both.label.endswith(" ho wia weq") and both.key != GLUON_WS_HANDOFF.key
 
 
+def test_ws_split_merge_config_is_checked():
+    with pytest.raises(ValueError, match="ws_split_merge is written for the warp-specialised kernel's idx-ahead loader"):
+        dataclasses.replace(GLUON_WS_HANDOFF, ws_split_merge=True)
+    cfg = dataclasses.replace(GLUON_WS_HANDOFF, ws_idx_ahead=True, ws_split_merge=True)
+    assert cfg.label.endswith(" ho wia wsm") and cfg.key != dataclasses.replace(cfg, ws_split_merge=False).key
+
+
+@pytest.mark.gpu
+@NEEDS_HOPPER
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("heads,qo_lens", [(16, [4, 4, 4]), (16, [3, 1, 4]), (128, [1, 2, 1]), (16, [16, 7, 1])])
+@pytest.mark.parametrize("num_splits", [8, 3])
+def test_gluon_ws_split_merge_agrees_with_the_merge_kernel(narrow, heads, qo_lens, num_splits):
+    """``ws_split_merge`` (round 40, opt-in): with 8 splits the programs merge their own partials (the compiled
+    kernel has the count's release), the same weights applied in another order, so the output is within one
+    rounding of the merge kernel's and the LSE within 1e-5; the counter workspace is left zeroed for the next
+    launch; graph replays bit-exact; golden check. Other split counts (3) take the merge kernel and give its bits.
+    NaN in the output buffer and in unused cache rows; requests of 1 to 16 query tokens (48 of 64 rows, 16 heads
+    x 3; two row blocks with 128 heads)."""
+    case, args = ragged_gpu_case(qo_lens, heads, torch.bfloat16, seed=heads + num_splits + 490)
+    base = dataclasses.replace(GLUON_WS_HANDOFF, ws_idx_ahead=True, narrow_partials=narrow)
+    cfg = dataclasses.replace(base, ws_split_merge=True)
+    want, want_lse = mla.mla_decode_triton(*args, config=base, num_splits=num_splits)
+    out = torch.full_like(case["q"][..., :512], float("nan"))
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
+    ran = "red.release.gpu" in mla.LAST_COMPILED["split"].asm["ptx"]
+    assert ran == (num_splits == 8)
+    counters = mla._COUNTERS.get(out.device)
+    assert counters is None or int(counters.abs().sum()) == 0
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"{cfg.label} s{num_splits}")
+    if ran:
+        eps = torch.finfo(torch.bfloat16).eps
+        diff = (out.float() - want.float()).abs()
+        assert (diff <= 2 * eps * want.float().abs() + 1e-6).all(), float(diff.max())
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-5)
+    else:
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+    assert counters is None or int(counters.abs().sum()) == 0
+
+
 @pytest.mark.gpu
 @NEEDS_HOPPER
 @pytest.mark.parametrize("heads,qlen,kernel,kv_base", [(128, 1, "ws", 8000), (16, 6, "ws", 8000),

@@ -391,7 +391,7 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
 
 def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", coalesced_store: bool = False,
                            narrow: bool = False, handoff: bool = False, idx_ahead: bool = False,
-                           early_q: bool = False) -> dict[str, Any]:
+                           early_q: bool = False, split_merge: bool = False) -> dict[str, Any]:
     """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report
     ``shared`` (bytes), ``wgmma`` (per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps of 16,
     2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
@@ -403,7 +403,9 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     ``idx_ahead`` and ``early_q`` (with ``handoff``): ``TritonConfig.ws_idx_ahead`` and ``ws_early_q``;
     ``cp_async_wait`` counts the PTX's ``cp.async.wait_group`` instructions (the query tile's wait before the
     partitions start; none with ``early_q``), ``cp_async_mbarrier_arrive`` its ``cp.async.mbarrier.arrive``
-    instructions (one per loader site, one more for the query tile with ``early_q``)."""
+    instructions (one per loader site, one more for the query tile with ``early_q``). ``split_merge`` (with
+    ``idx_ahead``, partials): ``TritonConfig.ws_split_merge``; ``count_ops`` counts the PTX's ``red.release.gpu``
+    (arrivals), ``ld.acquire.gpu`` (polls) and ``atom.acq_rel.gpu`` (leaves) instructions."""
     from workbench import mla_gluon_ws
 
     if narrow and direct:
@@ -412,9 +414,12 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
         raise ValueError("handoff is written for the coalesced store: it needs coalesced_store=True")
     if (idx_ahead or early_q) and not handoff:
         raise ValueError("idx_ahead and early_q are modes of the hand-over schedule: they need handoff=True")
+    if split_merge and (direct or not idx_ahead):
+        raise ValueError("split_merge merges partials with the idx-ahead loader: it needs direct=False and "
+                         "idx_ahead=True")
     _, ptx, report = _compile_gluon(mla_gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
                                     dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store, HANDOFF=handoff,
-                                         IDX_AHEAD=idx_ahead, EARLY_Q=early_q),
+                                         IDX_AHEAD=idx_ahead, EARLY_Q=early_q, SPLIT_MERGE=split_merge),
                                     dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws",
                                     {"OUT": f"*{dtype}"} if narrow else None)
     waits: dict[int, int] = {}
@@ -425,6 +430,8 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
                 mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
                 cp_async_wait=len(re.findall(r"cp\.async\.wait_group", ptx)),
                 cp_async_mbarrier_arrive=len(re.findall(r"cp\.async\.mbarrier\.arrive", ptx)),
+                count_ops={op: len(re.findall(re.escape(op), ptx))
+                           for op in ("red.release.gpu", "ld.acquire.gpu", "atom.acq_rel.gpu")},
                 pdl=pdl_report(ptx))
 
 

@@ -1078,7 +1078,7 @@ class TritonConfig:
     ws_early_q: bool = False  # ws_handoff only: the query tile's copies arrive on an mbarrier the consumer
     #                           warpgroups wait on, instead of being waited for before the partitions start, so the
     #                           loader's first index loads and gathers overlap them
-    ws_split_merge: bool = False  # ws_idx_ahead only: with 2 to 8 splits, the programs of a row block merge their
+    ws_split_merge: bool = False  # ws_idx_ahead only: with 8 splits, the programs of a row block merge their
     #                               partials themselves (each a 32-column slice, after a count in global memory says
     #                               all are stored), launched cooperatively so that all are resident at once; no
     #                               second kernel. Other split counts, or a grid that does not fit, take the merge kernel
@@ -1838,7 +1838,7 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
 
         ws_consts = dict(DIRECT=direct, HANDOFF=cfg.ws_handoff, IDX_AHEAD=cfg.ws_idx_ahead, EARLY_Q=cfg.ws_early_q,
                          **dict(common, num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS))
-        if cfg.ws_split_merge and 2 <= num_splits <= mla_gluon_ws.SM_MAX_SPLITS.value:
+        if cfg.ws_split_merge and num_splits == mla_gluon_ws.SM_MAX_SPLITS.value:
             # the programs of each row block merge their partials themselves (no second kernel), when the whole
             # grid is resident at once: launched cooperatively, which CUDA refuses rather than run it otherwise
             counters = _counter_workspace(q.device, 2 * num_reqs * row_blocks)

@@ -417,16 +417,17 @@ def _consumer1_partial_handoff(a):
 @gluon.jit
 def _consumer0_partial_handoff_sm(a, x):
     _consumer_handoff(a, 0, False)
-    _arrive(x[0])
+    _merge_splits_in_kernel(x, 0)
 
 
 @gluon.jit
 def _consumer1_partial_handoff_sm(a, x):
     _consumer_handoff(a, 1, False)
-    _arrive(x[0])
+    _merge_splits_in_kernel(x, 1)
 
 
 SM_MAX_SPLITS = gl.constexpr(8)  # SPLIT_MERGE: splits of a row block merged at once (the mode takes at most this many)
+SM_SLICES = gl.constexpr(1)  # SPLIT_MERGE: 32-column slices per warpgroup: 16 / (2 * 8), so the mode takes 8 splits
 SM_MAX_SPIN = gl.constexpr(1 << 22)  # SPLIT_MERGE: polls of the row block's count before a worker gives up and writes NaN
 
 # SPLIT_MERGE's count, two 32-bit words per row block in global memory: arrivals, then leaves.
@@ -481,31 +482,17 @@ def _arrive(COUNT):
 
 
 @gluon.jit
-def _merge_slice(PART_O, FINAL_O, rows, ok, col0, total_rows, num_splits, PART_LSE, m_safe, safe, short,
-                 SC: gl.constexpr, BM: gl.constexpr, CW: gl.constexpr, D_LATENT: gl.constexpr, OL: gl.constexpr):
-    """Columns ``col0 .. col0 + CW`` of rows ``rows`` merged over the splits (unrolled: every load in flight at once)
-    and stored to ``FINAL_O``; NaN where ``short`` (a worker's polls ran out)."""
-    cols = col0 + gl.arange(0, CW, layout=gl.SliceLayout(0, OL))
-    acc = gl.zeros([BM, CW], gl.float32, layout=OL)
-    for sp in gl.static_range(SC):
-        live = ok & (sp < num_splits)
-        lse_s = gl.load(PART_LSE + sp * total_rows + rows, mask=live, other=float("-inf"), cache_modifier=".cg")
-        part = gl.load(PART_O + (sp * total_rows + rows)[:, None] * D_LATENT + cols[None, :], mask=live[:, None],
-                       other=0.0, cache_modifier=".cg").to(gl.float32)
-        acc += gl.exp(lse_s - m_safe)[:, None] * part
-    out = gl.where(short > 0, float("nan"), acc / safe[:, None])
-    gl.store(FINAL_O + rows[:, None] * D_LATENT + cols[None, :], out.to(FINAL_O.dtype.element_ty), mask=ok[:, None])
-
-
-@gluon.jit
-def _merge_splits_in_kernel(x):
-    """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Each warpgroup counts itself in once its
-    half of the partial is stored (:func:`_arrive`). Then, after the partitions, the program's default warpgroup
-    waits until all ``2 * num_splits`` warpgroups of its row block have, merges 32-column slices of the row block
-    over all splits (slice c goes to split ``c % num_splits``: two each with 8 splits), reading the partials from L2,
-    and writes the final output (split 0 also the LSE). Every program of the launch must be resident at once (the
-    host launches it cooperatively). A program whose polls run out writes NaN, not a partial merge."""
+def _merge_splits_in_kernel(x, W: gl.constexpr):
+    """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Once warpgroup ``W`` has stored its half
+    of the partial it counts itself in (:func:`_arrive`) and waits until all ``2 * num_splits`` warpgroups of its row
+    block have. Then it merges 32-column slices of the row block over all splits, reading the partials from L2:
+    slice ``c = pid_s + (W + 2 k) * num_splits`` for ``k < NSLICE`` while ``c < 16`` (with 8 splits, one slice per
+    warpgroup), and writes the final output (split 0's warpgroup 0 also the LSE). Every program of the launch must
+    be resident at once (the host launches it cooperatively). A warpgroup whose polls run out writes NaN, not a
+    partial merge. Runtime branches around stores and loops with a runtime step are avoided: Triton 3.6 failed to
+    lower them in this kernel."""
     (COUNT, PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_rows, pid_s, num_splits) = x
+    _arrive(COUNT)
     BM: gl.constexpr = 64
     CW: gl.constexpr = 32
     SC: gl.constexpr = SM_MAX_SPLITS
@@ -517,35 +504,43 @@ def _merge_splits_in_kernel(x):
                                      dtype=gl.int32, is_pure=False, pack=1)
     short = gl.max((seen < 2 * num_splits).to(gl.int32), axis=0)  # any thread out of polls: NaN below
 
-    OL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # (rows, 32 columns): 16-byte vectors
-    RL: gl.constexpr = gl.SliceLayout(1, OL)
-    r = gl.arange(0, BM, layout=RL)
-    ok = r < n_valid
+    # (splits, rows, 32 columns): 16-byte vectors along the columns, the sum over splits inside a thread
+    ML: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [1, 4, 1], [2, 1, 0])
+    SR_L: gl.constexpr = gl.SliceLayout(2, ML)  # (splits, rows)
+    O_SL: gl.constexpr = gl.SliceLayout(0, ML)  # (rows, columns)
+    sp = gl.arange(0, SC, layout=gl.SliceLayout(1, SR_L))
+    r = gl.arange(0, BM, layout=gl.SliceLayout(0, SR_L))
     rows = (row0 + r).to(gl.int64)
-    # the splits' LSEs (unrolled: every load in flight at once), their max, and the sum of their weights
-    m = gl.full([BM], float("-inf"), gl.float32, layout=RL)
-    for sp in gl.static_range(SC):
-        lse_s = gl.load(PART_LSE + sp * total_rows + rows, mask=ok & (sp < num_splits), other=float("-inf"),
-                        cache_modifier=".cg")
-        m = gl.maximum(m, lse_s)
-    m_safe = gl.where(m == float("-inf"), 0.0, m)
-    denom = gl.zeros([BM], gl.float32, layout=RL)
-    for sp in gl.static_range(SC):
-        lse_s = gl.load(PART_LSE + sp * total_rows + rows, mask=ok & (sp < num_splits), other=float("-inf"),
-                        cache_modifier=".cg")
-        denom += gl.exp(lse_s - m_safe)  # 0 for a split that saw no key of the row
-    has = denom > 0.0
-    safe = gl.where(has, denom, 1.0)
-    # slices c = pid_s + k * num_splits below 16 (at most 8 with 2 or more splits), masked, not branched on
-    for k in gl.static_range(D_LATENT // CW // 2):
-        c = pid_s + k * num_splits
-        _merge_slice(PART_O, FINAL_O, rows, ok & (c < D_LATENT // CW), c * CW, total_rows, num_splits, PART_LSE,
-                     m_safe, safe, short, SC, BM, CW, D_LATENT, OL)
-    if pid_s == 0:
-        final_lse = gl.where(has, m_safe + gl.log(safe), float("-inf"))
-        gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=ok)
+    ok = (sp < num_splits)[:, None] & (r < n_valid)[None, :]
+    slot = sp.to(gl.int64)[:, None] * total_rows + rows[None, :]  # (splits, rows): the partial row of split s
+    cw = gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ML)))
+    r_o = gl.arange(0, BM, layout=gl.SliceLayout(1, O_SL))
+    rows_o = (row0 + r_o).to(gl.int64)
+    cw_o = gl.arange(0, CW, layout=gl.SliceLayout(0, O_SL))
+    # Every load of a slice is issued before anything uses one (GPUs issue in order: a load consumed at once would
+    # wait out its latency before the next load goes out).
+    for k in gl.static_range(SM_SLICES):
+        c = pid_s + (W + 2 * k) * num_splits
+        lse = gl.load(PART_LSE + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        p = gl.load(PART_O + slot[:, :, None] * D_LATENT + (c * CW + cw)[None, None, :],
+                    mask=(ok & (c < D_LATENT // CW))[:, :, None], other=0.0, cache_modifier=".cg")
+        m = gl.max(lse, axis=0)
+        m_safe = gl.where(m == float("-inf"), 0.0, m)
+        w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
+        denom = gl.sum(w, axis=0)
+        has = denom > 0.0
+        # a warpgroup whose polls ran out divides by NaN: its output is NaN, not a partial merge
+        safe_o = gl.convert_layout(gl.where(has, denom, 1.0) * gl.where(short > 0, float("nan"), 1.0),
+                                   gl.SliceLayout(1, O_SL))
+        ok_o = gl.convert_layout(r < n_valid, gl.SliceLayout(1, O_SL))
+        o = gl.sum(p.to(gl.float32) * w[:, :, None], axis=0) / safe_o[:, None]
+        gl.store(FINAL_O + rows_o[:, None] * D_LATENT + (c * CW + cw_o)[None, :], o.to(FINAL_O.dtype.element_ty),
+                 mask=(ok_o & (c < D_LATENT // CW))[:, None])
+        if (k == 0) & (W == 0):  # split 0's program writes the LSE (masked: no runtime branch around a store)
+            final_lse = gl.where(has, m_safe + gl.log(gl.where(has, denom, 1.0)), float("-inf"))
+            gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=(r < n_valid) & (pid_s == 0))
     _cta_barrier()  # every thread is past its polls and its partial loads
-    gl.inline_asm_elementwise(_LEAVE, "=r,l,r,r", [COUNT + zero, lane, zero + (num_splits - 1)],
+    gl.inline_asm_elementwise(_LEAVE, "=r,l,r,r", [COUNT + zero, lane, zero + (2 * num_splits - 1)],
                               dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -705,7 +700,6 @@ def mla_decode_gluon_ws_kernel(
                  n_rows - pid_m * BM, total_rows, pid_s, num_splits)
             gl.warp_specialize([(_consumer0_partial_handoff_sm, (args, x)), (_consumer1_partial_handoff_sm, (args, x)),
                                 (_loader_ahead, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
-            _merge_splits_in_kernel(x)  # after the partitions, on the default warpgroup
         elif HANDOFF:
             gl.static_assert(COALESCED_STORE, "the hand-over schedule is written for COALESCED_STORE")
             if DIRECT:
