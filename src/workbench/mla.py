@@ -1079,9 +1079,10 @@ class TritonConfig:
     #                           warpgroups wait on, instead of being waited for before the partitions start, so the
     #                           loader's first index loads and gathers overlap them
     ws_split_merge: bool = False  # ws_idx_ahead only: with 8 splits, the programs of a row block merge their
-    #                               partials themselves (each a 32-column slice, after a count in global memory says
-    #                               all are stored), launched cooperatively so that all are resident at once; no
-    #                               second kernel. Other split counts, or a grid that does not fit, take the merge kernel
+    #                               partials themselves (each warpgroup a 32-column slice, after a count in global
+    #                               memory says all are stored), launched cooperatively so that all are resident at
+    #                               once; no second kernel. Other split counts, or a grid that does not fit, take the
+    #                               merge kernel. Round 40: slower than the merge kernel everywhere it ran (opt-in)
     gluon_swap: bool = False  # the split kernel of workbench.mla_gluon_swap (Hopper, 16-bit, 16 or 32 rows x 64
     #                           tokens on one warpgroup): the products transposed on wgmma (tokens as M), so the
     #                           query and each tile are read from shared memory once per tile (thirteenth session,

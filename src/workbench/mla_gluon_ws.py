@@ -28,6 +28,10 @@ and keeps its own share of the running sum, rescaled by every tile's factor; the
 tile. An Nsight Compute profile of the first schedule (chapter 3) had the consumer warpgroups waiting about a fifth
 of their time for the other's ``P``, a whole softmax per link of the chain.
 
+``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``, round 40, opt-in): with 8 splits the programs of a row block
+merge their own partials after counting themselves in through a word in global memory (launched cooperatively),
+so no merge kernel runs. Measured slower than the merge kernel at every point where it runs (chapter 3).
+
 NVIDIA sm_90, 16-bit. The partial outputs have the format of :mod:`workbench.mla_gluon`'s.
 """
 
@@ -426,7 +430,7 @@ def _consumer1_partial_handoff_sm(a, x):
     _merge_splits_in_kernel(x, 1)
 
 
-SM_MAX_SPLITS = gl.constexpr(8)  # SPLIT_MERGE: splits of a row block merged at once (the mode takes at most this many)
+SM_MAX_SPLITS = gl.constexpr(8)  # SPLIT_MERGE: splits of a row block (the host launches the mode with exactly 8)
 SM_SLICES = gl.constexpr(1)  # SPLIT_MERGE: 32-column slices per warpgroup: 16 / (2 * 8), so the mode takes 8 splits
 SM_MAX_SPIN = gl.constexpr(1 << 22)  # SPLIT_MERGE: polls of the row block's count before a worker gives up and writes NaN
 
@@ -486,8 +490,8 @@ def _merge_splits_in_kernel(x, W: gl.constexpr):
     """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Once warpgroup ``W`` has stored its half
     of the partial it counts itself in (:func:`_arrive`) and waits until all ``2 * num_splits`` warpgroups of its row
     block have. Then it merges 32-column slices of the row block over all splits, reading the partials from L2:
-    slice ``c = pid_s + (W + 2 k) * num_splits`` for ``k < NSLICE`` while ``c < 16`` (with 8 splits, one slice per
-    warpgroup), and writes the final output (split 0's warpgroup 0 also the LSE). Every program of the launch must
+    slice ``c = pid_s + (W + 2 k) * num_splits`` for ``k < SM_SLICES`` (the mode takes 8 splits: one slice per
+    warpgroup covers the 16), and writes the final output (split 0's warpgroup 0 also the LSE). Every program of the launch must
     be resident at once (the host launches it cooperatively). A warpgroup whose polls run out writes NaN, not a
     partial merge. Runtime branches around stores and loops with a runtime step are avoided: Triton 3.6 failed to
     lower them in this kernel."""
@@ -517,8 +521,7 @@ def _merge_splits_in_kernel(x, W: gl.constexpr):
     r_o = gl.arange(0, BM, layout=gl.SliceLayout(1, O_SL))
     rows_o = (row0 + r_o).to(gl.int64)
     cw_o = gl.arange(0, CW, layout=gl.SliceLayout(0, O_SL))
-    # Every load of a slice is issued before anything uses one (GPUs issue in order: a load consumed at once would
-    # wait out its latency before the next load goes out).
+    # the slice's LSEs and partials are loaded before any is used
     for k in gl.static_range(SM_SLICES):
         c = pid_s + (W + 2 * k) * num_splits
         lse = gl.load(PART_LSE + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
