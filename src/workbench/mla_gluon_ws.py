@@ -431,7 +431,6 @@ def _consumer1_partial_handoff_sm(a, x):
 
 
 SM_MAX_SPLITS = gl.constexpr(8)  # SPLIT_MERGE: splits of a row block (the host launches the mode with exactly 8)
-SM_SLICES = gl.constexpr(1)  # SPLIT_MERGE: 32-column slices per warpgroup: 16 / (2 * 8), so the mode takes 8 splits
 SM_MAX_SPIN = gl.constexpr(1 << 22)  # SPLIT_MERGE: polls of the row block's count before a worker gives up and writes NaN
 
 # SPLIT_MERGE's count, two 32-bit words per row block in global memory: arrivals, then leaves.
@@ -477,26 +476,16 @@ _LEAVE = gl.constexpr("""{
 
 
 @gluon.jit
-def _arrive(COUNT):
-    """SPLIT_MERGE: this warpgroup's partial stores are issued; count it in (one release for the warpgroup)."""
-    ONE: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    lane = gl.arange(0, 128, layout=ONE)
-    _cta_barrier()
-    gl.inline_asm_elementwise(_ARRIVE, "=r,l,r", [COUNT + lane * 0, lane], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _merge_splits_in_kernel(x, W: gl.constexpr):
     """``SPLIT_MERGE`` (``TritonConfig.ws_split_merge``): no second kernel. Once warpgroup ``W`` has stored its half
-    of the partial it counts itself in (:func:`_arrive`) and waits until all ``2 * num_splits`` warpgroups of its row
-    block have. Then it merges 32-column slices of the row block over all splits, reading the partials from L2:
-    slice ``c = pid_s + (W + 2 k) * num_splits`` for ``k < SM_SLICES`` (the mode takes 8 splits: one slice per
-    warpgroup covers the 16), and writes the final output (split 0's warpgroup 0 also the LSE). Every program of the launch must
+    of the partial it counts itself in (``_ARRIVE``) and waits until all ``2 * num_splits`` warpgroups of its row
+    block have. Then it merges one 32-column slice of the row block over all splits, reading the partials from L2:
+    slice ``c = pid_s + W * num_splits`` (the mode takes 8 splits, so the 16 warpgroups cover the 16 slices), and
+    writes the final output (split 0's warpgroup 0 also the LSE). Every program of the launch must
     be resident at once (the host launches it cooperatively). A warpgroup whose polls run out writes NaN, not a
     partial merge. Runtime branches around stores and loops with a runtime step are avoided: Triton 3.6 failed to
     lower them in this kernel."""
     (COUNT, PART_O, PART_LSE, FINAL_O, FINAL_LSE, row0, n_valid, total_rows, pid_s, num_splits) = x
-    _arrive(COUNT)
     BM: gl.constexpr = 64
     CW: gl.constexpr = 32
     SC: gl.constexpr = SM_MAX_SPLITS
@@ -504,6 +493,8 @@ def _merge_splits_in_kernel(x, W: gl.constexpr):
     ONE: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     lane = gl.arange(0, 128, layout=ONE)
     zero = lane * 0
+    _cta_barrier()  # every thread of this warpgroup has issued its partial stores (and LSE stores)
+    gl.inline_asm_elementwise(_ARRIVE, "=r,l,r", [COUNT + zero, lane], dtype=gl.int32, is_pure=False, pack=1)
     seen = gl.inline_asm_elementwise(_WAIT, "=r,l,r,r", [COUNT + zero, zero + 2 * num_splits, zero + SM_MAX_SPIN],
                                      dtype=gl.int32, is_pure=False, pack=1)
     short = gl.max((seen < 2 * num_splits).to(gl.int32), axis=0)  # any thread out of polls: NaN below
@@ -522,26 +513,25 @@ def _merge_splits_in_kernel(x, W: gl.constexpr):
     rows_o = (row0 + r_o).to(gl.int64)
     cw_o = gl.arange(0, CW, layout=gl.SliceLayout(0, O_SL))
     # the slice's LSEs and partials are loaded before any is used
-    for k in gl.static_range(SM_SLICES):
-        c = pid_s + (W + 2 * k) * num_splits
-        lse = gl.load(PART_LSE + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        p = gl.load(PART_O + slot[:, :, None] * D_LATENT + (c * CW + cw)[None, None, :],
-                    mask=(ok & (c < D_LATENT // CW))[:, :, None], other=0.0, cache_modifier=".cg")
-        m = gl.max(lse, axis=0)
-        m_safe = gl.where(m == float("-inf"), 0.0, m)
-        w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
-        denom = gl.sum(w, axis=0)
-        has = denom > 0.0
-        # a warpgroup whose polls ran out divides by NaN: its output is NaN, not a partial merge
-        safe_o = gl.convert_layout(gl.where(has, denom, 1.0) * gl.where(short > 0, float("nan"), 1.0),
-                                   gl.SliceLayout(1, O_SL))
-        ok_o = gl.convert_layout(r < n_valid, gl.SliceLayout(1, O_SL))
-        o = gl.sum(p.to(gl.float32) * w[:, :, None], axis=0) / safe_o[:, None]
-        gl.store(FINAL_O + rows_o[:, None] * D_LATENT + (c * CW + cw_o)[None, :], o.to(FINAL_O.dtype.element_ty),
-                 mask=(ok_o & (c < D_LATENT // CW))[:, None])
-        if (k == 0) & (W == 0):  # split 0's program writes the LSE (masked: no runtime branch around a store)
-            final_lse = gl.where(has, m_safe + gl.log(gl.where(has, denom, 1.0)), float("-inf"))
-            gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=(r < n_valid) & (pid_s == 0))
+    c = pid_s + W * num_splits
+    lse = gl.load(PART_LSE + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    p = gl.load(PART_O + slot[:, :, None] * D_LATENT + (c * CW + cw)[None, None, :],
+                mask=(ok & (c < D_LATENT // CW))[:, :, None], other=0.0, cache_modifier=".cg")
+    m = gl.max(lse, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp(lse - m_safe[None, :])  # 0 for a split that saw no key of the row
+    denom = gl.sum(w, axis=0)
+    has = denom > 0.0
+    # a warpgroup whose polls ran out divides by NaN: its output is NaN, not a partial merge
+    safe_o = gl.convert_layout(gl.where(has, denom, 1.0) * gl.where(short > 0, float("nan"), 1.0),
+                               gl.SliceLayout(1, O_SL))
+    ok_o = gl.convert_layout(r < n_valid, gl.SliceLayout(1, O_SL))
+    o = gl.sum(p.to(gl.float32) * w[:, :, None], axis=0) / safe_o[:, None]
+    gl.store(FINAL_O + rows_o[:, None] * D_LATENT + (c * CW + cw_o)[None, :], o.to(FINAL_O.dtype.element_ty),
+             mask=(ok_o & (c < D_LATENT // CW))[:, None])
+    if W == 0:  # split 0's program writes the LSE (masked: no runtime branch around a store)
+        final_lse = gl.where(has, m_safe + gl.log(gl.where(has, denom, 1.0)), float("-inf"))
+        gl.store(FINAL_LSE + rows, gl.where(short > 0, float("nan"), final_lse), mask=(r < n_valid) & (pid_s == 0))
     _cta_barrier()  # every thread is past its polls and its partial loads
     gl.inline_asm_elementwise(_LEAVE, "=r,l,r,r", [COUNT + zero, lane, zero + (2 * num_splits - 1)],
                               dtype=gl.int32, is_pure=False, pack=1)
