@@ -557,8 +557,8 @@ def test_default_configs_gpu_eager_and_graph(qlen, batch_tokens, pdl):
 
 # the gluon kernels' GPU tests
 NEEDS_HOPPER = pytest.mark.skipif(
-    not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9),
-    reason="the gluon kernels need an NVIDIA GPU of compute capability 9.0+ (Hopper wgmma)")
+    not (ON_GPU and torch.version.hip is None and torch.cuda.get_device_capability()[0] == 9),
+    reason="the gluon kernels need an NVIDIA Hopper GPU, compute capability 9.x (wgmma)")
 def ragged_gpu_case(qo_lens, heads, dtype, seed):
     """The GPU tests' ragged batch: three requests of query lengths ``qo_lens`` and 4099, 1 and 100 keys (at least
     their query length), NaN in unused cache rows; returns the case and ``mla_decode_triton``'s positional
@@ -1003,7 +1003,7 @@ def test_gluon_config_is_checked():
     assert dataclasses.replace(mla.GLUON_WS_CONFIG, ws_handoff=True).label.endswith(" cst ho")
     if not ON_GPU:
         case = make_case([1], [5], 64, dtype=torch.float16, device=DEV)
-        with pytest.raises(ValueError, match="needs compiled Triton on an NVIDIA GPU"):
+        with pytest.raises(ValueError, match="needs compiled Triton on an NVIDIA Hopper GPU"):
             mla.mla_decode_triton(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                   case["kv_indices"], 1, 0.07, config=GLUON)
 
@@ -1561,8 +1561,8 @@ def test_trace_stamps_are_ordered_and_complete(qlen, heads, kernel, pdl_split):
     per tile it owns; and a PDL-launched merge gets past its wait only after every split program has exited
     (what griddepcontrol.wait promises), as does the next call's split kernel after the merge with pdl_split.
     ``gswap``: the swapped gluon kernel (Hopper; 16- or 64-row blocks), stamped the same way."""
-    if kernel == "gswap" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the swapped gluon kernel needs compute capability 9.0+ (Hopper wgmma)")
+    if kernel == "gswap" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the swapped gluon kernel needs an NVIDIA Hopper GPU, compute capability 9.x (wgmma)")
     kv = [max(n, qlen) for n in (1, 100, 1000, 4099)]
     case = make_case([qlen] * len(kv), kv, heads, dtype=torch.bfloat16, device="cuda", seed=5)
     if kernel == "gswap":

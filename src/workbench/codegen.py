@@ -19,6 +19,7 @@ are Python functions and there is nothing to compile; it raises a clear error th
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import os
 import re
@@ -150,6 +151,37 @@ def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, tar
 
 
 AMD_TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx90a": ("hip", "gfx90a", 64)}  # MI300X/MI325X, MI250X
+
+# NVIDIA GPUs other than Hopper: (GPUTarget tuple, shared memory one program may use, in bytes, with the opt-in)
+OTHER_NVIDIA = {
+    "sm_80": (("cuda", 80, 32), 166_912),  # A100: 163 KB
+    "sm_89": (("cuda", 89, 32), 101_376),  # L40S, RTX 4090 (Ada; sm_86 has the same 99 KB)
+    "sm_100": (("cuda", 100, 32), 232_448),  # B200, GB200: 227 KB
+    "sm_120": (("cuda", 120, 32), 101_376),  # RTX 5090, RTX PRO 6000 (consumer Blackwell): 99 KB
+}
+
+
+def shared_memory_fit(cfg: Any, arch: str, heads: int = 16, dtype: str = "bf16") -> dict[str, Any]:
+    """The steps :func:`workbench.mla.mla_decode_triton` takes on ``arch`` (a key of :data:`OTHER_NVIDIA`) when
+    the library's config ``cfg`` runs out of shared memory there: compile ``cfg``'s split kernel for ``arch``, then
+    each rung of :func:`workbench.mla.shared_memory_ladder` until one asks for no more shared memory than the GPU
+    gives a program. Below sm_90 the configs compile without PDL, as they launch there (no ``griddepcontrol``).
+
+    Returns ``{"arch", "limit", "tried": [[label, shared bytes], ...], "fits": the label that fits, or None}``.
+    """
+    from workbench import mla
+
+    if arch not in OTHER_NVIDIA:
+        raise ValueError(f"arch must be one of {sorted(OTHER_NVIDIA)}, got {arch!r}")
+    target, limit = OTHER_NVIDIA[arch]
+    tried: list[list[Any]] = []
+    for rung in [cfg, *mla.shared_memory_ladder(cfg)]:
+        launched = rung if target[1] >= 90 else dataclasses.replace(rung, pdl=False, pdl_split=False)
+        shared = _compile_split(launched, heads, dtype, None, target).metadata.shared
+        tried.append([rung.label, shared])
+        if shared <= limit:
+            return {"arch": arch, "limit": limit, "tried": tried, "fits": rung.label}
+    return {"arch": arch, "limit": limit, "tried": tried, "fits": None}
 
 
 def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str = "gfx942") -> dict[str, Any]:

@@ -35,7 +35,9 @@ __all__ = [
     "compiled_nvidia",
     "default_device",
     "describe",
+    "hopper",
     "interpreter_active",
+    "max_shared_memory",
     "on_gpu",
     "pdl_available",
     "platform",
@@ -132,6 +134,27 @@ def compiled_nvidia(dev: torch.device) -> bool:
 def sm90_or_newer(dev: torch.device) -> bool:
     """Compiled Triton on an NVIDIA GPU of compute capability 9.0 or newer (Hopper: PDL, ``wgmma``)."""
     return compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
+def hopper(dev: torch.device) -> bool:
+    """Compiled Triton on an NVIDIA Hopper GPU (compute capability 9.x: H100, H200, GH200). The Gluon split
+    kernels are written with Hopper's ``wgmma``, which only sm_90a has: Blackwell (10.x: B200, GB200; 12.x:
+    RTX 50 series) replaced it with ``tcgen05``, and compiling them there aborts in LLVM ("Cannot select:
+    intrinsic %llvm.nvvm.wgmma..."), so they are chosen, and accepted, only here."""
+    return compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] == 9
+
+
+HOPPER_SHARED_MEMORY = 232_448  # bytes of shared memory one program may use on an H100/H200 (227 KB, opt-in)
+
+
+def max_shared_memory(dev: torch.device) -> int:
+    """Shared memory one program (thread block) may use on ``dev``, in bytes, with the opt-in a kernel needing
+    more than 48 KB makes (Triton does): 227 KB on Hopper and B200, 163 KB on A100, 99 KB on Ada and the RTX 50
+    series. Off CUDA (the interpreter, no GPU) Hopper's figure, the GPU the library's configs were tuned on."""
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return HOPPER_SHARED_MEMORY
+    props = torch.cuda.get_device_properties(dev)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or HOPPER_SHARED_MEMORY)
 
 
 def pdl_available(dev: torch.device) -> bool:

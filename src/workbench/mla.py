@@ -1421,13 +1421,14 @@ GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; the kernel ran with 3.6 (H20
 
 
 def gluon_available() -> bool:
-    """The gluon split kernel can run here: compiled Triton of version :data:`GLUON_MIN_TRITON` or newer (older
-    Gluon APIs differ) on an NVIDIA GPU of compute capability 9.0+."""
+    """The gluon split kernels can run here: compiled Triton of version :data:`GLUON_MIN_TRITON` or newer (older
+    Gluon APIs differ) on an NVIDIA Hopper GPU (compute capability 9.x; :func:`workbench.device.hopper`: they are
+    written with ``wgmma``, which Blackwell does not have, so a B200 gets the Triton kernels)."""
     try:
         version = tuple(int(x) for x in triton.__version__.split(".")[:2])
     except ValueError:
         return False
-    return version >= GLUON_MIN_TRITON and torch.cuda.is_available() and device.sm90_or_newer(torch.device("cuda"))
+    return version >= GLUON_MIN_TRITON and torch.cuda.is_available() and device.hopper(torch.device("cuda"))
 
 
 def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *,
@@ -1446,7 +1447,7 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     shared-memory buffer (the gather of tile i+1 waited on its index load and was issued only after tile i was
     computed), with it the gather is double-buffered (round 8, +6 % bandwidth at B=64 L=32k).
 
-    * up to 32 rows (16 heads x qlen 1 or 2) on an NVIDIA GPU of compute capability 9.0+ (``gluon``, None: when
+    * up to 32 rows (16 heads x qlen 1 or 2) on an NVIDIA Hopper GPU (compute capability 9.x; ``gluon``, None: when
       one is present), 16-bit: :func:`gluon_swap_config`, the swapped split kernel of
       :mod:`workbench.mla_gluon_swap` (thirteenth session, ``scripts/decode_gluon_swap_probe.py``, 16 points,
       three rounds: faster at every one, e.g. qlen 1 B=16 L=4k 28.2-28.8 against 30.6-31.2 us, B=64 L=32k
@@ -1462,7 +1463,7 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     * up to 32 rows: the same with 32-row tiles (32x32 w4 s3; small batches 32x64 w8 s3). (From round 31 to the
       twelfth session 17-32 rows on Hopper took :data:`GLUON_WS_CONFIG`, whose half-empty 64-row programs were
       10-25 % faster than these tiles, ``scripts/decode_gluon_qlen2_probe.py``; the swapped kernel replaced it.)
-    * more rows on an NVIDIA GPU of compute capability 9.0+ (``gluon``), 16-bit:
+    * more rows on an NVIDIA Hopper GPU (``gluon``), 16-bit:
       :data:`GLUON_CONFIG`, the split kernel of :mod:`workbench.mla_gluon` (round 20: 128 heads B=64 L=4k
       198 against 318 us; qlen 4 and 8 at 16 heads 1.2-1.6x faster than the Triton tile below), PDL-launched
       (round 21); when ``num_reqs`` is given and its programs take at least :data:`GLUON_WS_MIN_TOKENS` tokens
@@ -1489,6 +1490,11 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
     :class:`TritonConfig` (``swap_ab``, ``prefetch``, ``balanced``, ``max_regs``, ``warp_specialize``) are the
     designs of rounds 3-7 of those sweeps, and ``spin_merge`` that of round 26: each is exact, none was faster on
     the H200 (chapter 3).
+
+    Other NVIDIA GPUs (Ampere, Ada, Blackwell) get the Triton tiles above, which were tuned on an H200 and may ask
+    for more shared memory than the GPU has (64x64 tiles need 345 KB on sm_100, the 16x64 small-batch tile 164 KB
+    against an A100's 163 KB). :func:`mla_decode_triton` then steps down :func:`shared_memory_ladder` until the
+    kernel fits (:data:`SHARED_MEMORY_FALLBACKS` remembers the step; the choice is not tuned there).
     """
     backend = backend or ("hip" if torch.version.hip is not None else "cuda")
     if backend not in ("cuda", "hip"):
@@ -1616,6 +1622,68 @@ def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_q
         D_LATENT=KV_LORA_RANK, num_warps=4 if not device.interpreter_active() else 1)
 
 
+def shared_memory_ladder(cfg: TritonConfig) -> list[TritonConfig]:
+    """Smaller launch configs of the Triton split kernel, in the order :func:`mla_decode_triton` falls back on
+    them when ``cfg``'s kernel asks for more shared memory than the GPU gives one program (Triton raises
+    ``OutOfResources`` when it loads the kernel, before anything runs): fewer pipeline stages (down to 2), then
+    narrower KV tiles (``block_n`` down to 16), then fewer rows per program (``block_m`` down to 16), then one
+    stage. Each rung keeps ``cfg``'s other switches (a rung they do not allow is skipped) and estimates its
+    residency (``programs_per_sm=None``). The gluon kernels have no ladder: they run on Hopper only, where the
+    library's configs fit.
+    """
+    if cfg.gluon or cfg.gluon_swap:
+        return []
+    steps: list[dict[str, int]] = []
+    stages, block_n, block_m = cfg.num_stages, cfg.block_n, cfg.block_m
+    while stages > 2:
+        stages -= 1
+        steps.append(dict(num_stages=stages))
+    while block_n > 16:
+        block_n //= 2
+        steps.append(dict(num_stages=stages, block_n=block_n))
+    while block_m > 16:
+        block_m //= 2
+        steps.append(dict(num_stages=stages, block_n=block_n, block_m=block_m))
+    if stages > 1:
+        steps.append(dict(num_stages=1, block_n=block_n, block_m=block_m))
+    rungs = []
+    for step in steps:
+        try:
+            rungs.append(dataclasses.replace(cfg, programs_per_sm=None, **step))
+        except ValueError:  # a switch of cfg that this shape does not allow (e.g. warp_specialize below 64 rows)
+            continue
+    return rungs
+
+
+SHARED_MEMORY_FALLBACKS: dict[tuple[int, tuple], TritonConfig] = {}  # (CUDA device, chosen config's key) -> the rung
+#                                                                        that fitted there (the chosen one did not)
+
+
+def _fall_back(err: Exception, cfg: TritonConfig, chosen: TritonConfig, explicit: bool,
+               dev: torch.device) -> TritonConfig:
+    """The next config after ``cfg`` ran out of shared memory (``err``: Triton's ``OutOfResources``), or a
+    ValueError for a config the caller gave."""
+    required, limit = getattr(err, "required", "?"), getattr(err, "limit", "?")
+    if explicit:
+        raise ValueError(f"config {cfg.label!r}: its split kernel needs {required} bytes of shared memory and this GPU "
+                         f"gives a program {limit}; pass a config with fewer num_stages or a smaller block_n or "
+                         f"block_m, or config=None (the library then steps down until one fits)") from err
+    ladder = shared_memory_ladder(cfg)
+    if not ladder:
+        raise RuntimeError(f"the decode config {cfg.label!r} needs {required} bytes of shared memory, this GPU gives "
+                           f"a program {limit}, and no smaller config is left to try") from err
+    nxt = ladder[0]
+    SHARED_MEMORY_FALLBACKS[(dev.index or 0, chosen.key)] = nxt
+    warnings.warn(f"MLA decode: the config {cfg.label!r} (tuned on an H200) needs {required} bytes of shared memory "
+                  f"and this GPU gives a program {limit}; trying {nxt.label!r} (not tuned for this GPU)",
+                  RuntimeWarning, stacklevel=3)
+    return nxt
+
+
+def _is_shared_memory_error(err: Exception) -> bool:
+    return type(err).__name__ == "OutOfResources" and getattr(err, "name", "") == "shared memory"
+
+
 def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                       kv_indices: torch.Tensor, max_qo_len: int, sm_scale: float | None = None, *,
                       num_splits: int | None = None, config: TritonConfig | None = None,
@@ -1644,26 +1712,45 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     lse = torch.empty(total_q, heads, dtype=torch.float32, device=q.device)
     if total_q == 0 or num_reqs == 0:
         return out, lse
-    cfg, num_splits = triton_launch_plan(q, qo_indptr, kv_indices, max_qo_len, config=config, num_splits=num_splits)
-    row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
+    cfg, splits = triton_launch_plan(q, qo_indptr, kv_indices, max_qo_len, config=config, num_splits=num_splits)
+    chosen = cfg
     scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+    while True:
+        try:
+            _launch_triton(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, splits, trace)
+            return out, lse
+        except Exception as err:  # noqa: BLE001 - only Triton's shared-memory OutOfResources is handled
+            if not _is_shared_memory_error(err):
+                raise
+            # raised when the kernel is loaded, before it runs: nothing was written, the call starts again
+            cfg = _fall_back(err, cfg, chosen, config is not None, q.device)
+            splits = num_splits if num_splits is not None else default_splits(
+                cfg, num_reqs, triton.cdiv(max_qo_len * heads, cfg.block_m), kv_indices.numel(), _sm_count(q.device))
+
+
+def _launch_triton(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits,
+                   trace) -> None:
+    """:func:`mla_decode_triton`'s launches for one config and split count (the outputs already allocated)."""
+    total_q, heads, _ = q.shape
+    num_reqs = qo_indptr.numel() - 1
+    row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
     if trace is not None and (cfg.balanced or cfg.warp_specialize):
         raise ValueError(f"trace is not available for config {cfg.label!r}: the balanced kernels and Triton's "
                          "warp-specialised loop are not instrumented")
     if cfg.balanced:  # num_splits is the number of programs per row block
         _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits)
-        return out, lse
+        return
     if cfg.gluon:
         if trace is not None:
             raise ValueError("trace is not available for the gluon split kernel (it is not instrumented)")
         _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks)
-        return out, lse
+        return
     if cfg.gluon_swap:
         if trace is not None:
             _check_trace(trace, q.device, *_trace_programs(cfg, row_blocks, num_splits, num_reqs, total_q * heads))
         _launch_gluon_swap(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, cfg, num_splits, row_blocks,
                            trace)
-        return out, lse
+        return
     total_rows = total_q * heads
     pdl = cfg.pdl and num_splits > 1 and not cfg.fused_merge and device.pdl_available(q.device)
     pdl_split = cfg.pdl_split and device.pdl_available(q.device)
@@ -1683,7 +1770,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             q, cache, kv_indices, qo_indptr, kv_indptr, out, lse, out, lse, kv_indptr, cache.stride(0), total_rows,
             scale * _LOG2E, num_splits, DIRECT=True, FUSED_MERGE=False, **common)
         _note_compiled(cfg, compiled)
-        return out, lse
+        return
     mid_o = torch.empty(num_splits, total_rows, KV_LORA_RANK, dtype=partial_dtype(cfg, q.dtype), device=q.device)
     mid_lse = torch.empty(num_splits, total_rows, dtype=torch.float32, device=q.device)
     if cfg.fused_merge:
@@ -1692,7 +1779,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters, cache.stride(0),
             total_rows, scale * _LOG2E, num_splits, DIRECT=False, FUSED_MERGE=True, **common)
         _note_compiled(cfg, compiled)
-        return out, lse
+        return
     if cfg.split_merge:
         counters = _counter_workspace(q.device, 2 * num_reqs * row_blocks)
         args = (q, cache, kv_indices, qo_indptr, kv_indptr, mid_o, mid_lse, out, lse, counters, cache.stride(0),
@@ -1702,7 +1789,7 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         if grid[0] * grid[1] * grid[2] <= resident_capacity(_mla_decode_split_kernel, grid, args, consts, q.device):
             compiled = _mla_decode_split_kernel[grid](*args, **consts)
             _note_compiled(cfg, compiled)
-            return out, lse
+            return
     merge_opts: dict[str, Any] = dict(GDC_WAIT=True, launch_pdl=True) if pdl else {}
     counters = kv_indptr  # (unused by the kernel unless SIGNAL)
     if cfg.spin_merge:
@@ -1724,19 +1811,24 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     if trace is not None:
         merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
     _launch_merge(mid_o, mid_lse, out, lse, total_rows, num_splits, cfg, **merge_opts)
-    return out, lse
+    return
 
 
 def triton_launch_plan(q: torch.Tensor, qo_indptr: torch.Tensor, kv_indices: torch.Tensor, max_qo_len: int, *,
                        config: TritonConfig | None = None, num_splits: int | None = None) -> tuple[TritonConfig, int]:
     """The config and split count :func:`mla_decode_triton` launches with for these inputs (host-side
     arithmetic only: no device sync): ``config`` or :func:`triton_config`'s choice for this call's rows,
-    dtype, KV tokens (``kv_indices.numel()``, an upper bound), request count and SM count; ``num_splits`` or
+    dtype, KV tokens (``kv_indices.numel()``, an upper bound), request count and SM count (or the smaller config
+    :data:`SHARED_MEMORY_FALLBACKS` recorded for that choice on this GPU); ``num_splits`` or
     :func:`default_splits`'s."""
     heads = q.shape[1]
     num_reqs = qo_indptr.numel() - 1
     sms = _sm_count(q.device)
-    cfg = config or triton_config(max_qo_len * heads, q.dtype, kv_indices.numel(), num_reqs=num_reqs, sm_count=sms)
+    cfg = config
+    if cfg is None:
+        cfg = triton_config(max_qo_len * heads, q.dtype, kv_indices.numel(), num_reqs=num_reqs, sm_count=sms)
+        if q.device.type == "cuda":  # a config this GPU ran out of shared memory for: the rung that fitted
+            cfg = SHARED_MEMORY_FALLBACKS.get((q.device.index or 0, cfg.key), cfg)
     if num_splits is None:
         row_blocks = triton.cdiv(max_qo_len * heads, cfg.block_m)
         num_splits = default_splits(cfg, num_reqs, row_blocks, kv_indices.numel(), sms)
@@ -1872,10 +1964,12 @@ def _launch_gluon(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, scale, c
 
 
 def _check_gluon_call(q: torch.Tensor, what: str) -> None:
-    if not device.sm90_or_newer(q.device):
-        raise ValueError(f"TritonConfig({what}=True) needs compiled Triton on an NVIDIA GPU of compute capability "
-                         f"9.0 or newer (it is written with Hopper's wgmma); this call runs on {q.device} with the "
-                         f"interpreter {'on' if device.interpreter_active() else 'off'}")
+    if not device.hopper(q.device):
+        cap = (f"compute capability {'.'.join(map(str, torch.cuda.get_device_capability(q.device)))}"
+               if device.compiled_nvidia(q.device) else f"the interpreter {'on' if device.interpreter_active() else 'off'}")
+        raise ValueError(f"TritonConfig({what}=True) needs compiled Triton on an NVIDIA Hopper GPU (compute capability "
+                         f"9.x): it is written with Hopper's wgmma, which Blackwell (10.x, 12.x) does not have; this call "
+                         f"runs on {q.device} with {cap}. Use config=None (the Triton kernels there)")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"TritonConfig({what}=True) takes float16 or bfloat16 q, got {q.dtype}")
 
