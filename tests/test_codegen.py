@@ -39,7 +39,8 @@ amd = []
 for dt, torch_dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
     for rows in (16, 32, 64, 128):
         cfg = mla.triton_config(rows, torch_dt, backend="hip")
-        amd.append(dict(codegen.amd_kernel_report(cfg, heads=16, dtype=dt), rows=rows, dtype=dt))
+        for arch in ("gfx942", "gfx950"):  # MI300X, and MI355X (the GPU of aiter #2720)
+            amd.append(dict(codegen.amd_kernel_report(cfg, heads=16, dtype=dt, arch=arch), rows=rows, dtype=dt))
 nv_small = mla.triton_config(16, torch.bfloat16, 65536, backend="cuda", gluon=False)
 amd.append(dict(codegen.amd_kernel_report(nv_small, heads=16), rows=16, dtype="bf16", nvidia_default=True))
 out["amd"] = amd
@@ -165,9 +166,11 @@ def test_loop_order_reads_a_small_ttgir():
 
 def test_rocm_defaults_fit_the_lds_of_an_mi300x(reports):
     """Triton's AMD backend cannot launch a kernel that asks for more LDS than a workgroup has (64 KB on
-    gfx942). Every ROCm default (16-bit and fp32, every row class) fits without scratch; the NVIDIA
-    small-batch tile would not (it asks for 144 KB)."""
-    for r in (r for r in reports["amd"] if not r.get("nvidia_default")):
+    gfx942). Every ROCm default (16-bit and fp32, every row class) fits without scratch, compiled for the MI300X
+    and for the MI355X (gfx950); the NVIDIA small-batch tile would not (it asks for 144 KB)."""
+    ours = [r for r in reports["amd"] if not r.get("nvidia_default")]
+    assert {r["arch"] for r in ours} == {"gfx942", "gfx950"} and len(ours) == 24, ours
+    for r in ours:
         assert r["shared"] <= mla.ROCM_LDS_BYTES and r["scratch_bytes"] == 0, r
     nv = next(r for r in reports["amd"] if r.get("nvidia_default"))
     assert nv["shared"] > mla.ROCM_LDS_BYTES, nv

@@ -150,7 +150,8 @@ def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, tar
                     _DIVISIBLE_BY_16, target, options)
 
 
-AMD_TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx90a": ("hip", "gfx90a", 64)}  # MI300X/MI325X, MI250X
+AMD_TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx90a": ("hip", "gfx90a", 64),  # MI300X/MI325X, MI250X
+               "gfx950": ("hip", "gfx950", 64)}  # MI355X/MI350X (160 KB of LDS; the ROCm tiles keep to 64 KB)
 
 # NVIDIA GPUs other than Hopper: (GPUTarget tuple, shared memory one program may use, in bytes, with the opt-in)
 OTHER_NVIDIA = {
