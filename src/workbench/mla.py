@@ -1625,31 +1625,36 @@ def _launch_balanced(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_q
 def shared_memory_ladder(cfg: TritonConfig) -> list[TritonConfig]:
     """Smaller launch configs of the Triton split kernel, in the order :func:`mla_decode_triton` falls back on
     them when ``cfg``'s kernel asks for more shared memory than the GPU gives one program (Triton raises
-    ``OutOfResources`` when it loads the kernel, before anything runs): fewer pipeline stages (down to 2), then
-    narrower KV tiles (``block_n`` down to 16), then fewer rows per program (``block_m`` down to 16), then one
-    stage. Each rung keeps ``cfg``'s other switches (a rung they do not allow is skipped) and estimates its
-    residency (``programs_per_sm=None``). The gluon kernels have no ladder: they run on Hopper only, where the
-    library's configs fit.
+    ``OutOfResources`` when it loads the kernel, before anything runs): two pipeline stages; then a 32-token tile;
+    then 32 rows (from 64); then the library's 16-row tile (16x32, 4 warps, 3 stages), and smaller. Every rung with
+    two or more stages loads the next tile's indices one tile ahead (``idx_ahead``): without it Triton gives the
+    row gather one buffer. The order is what an H200 measured for those tiles at the 64-row points
+    (``scripts/decode_ladder_probe.py``, the committed JSON's ``explore["ladder_probe"]``; 128 heads B=64 L=4k:
+    64x64 s2 306 us, 64x32 s2 433, 32x64 s2 537, 16x32 w4 s3 684, all with ``idx_ahead``, against 315 for the
+    Hopper Triton default; a first ladder's 32x16 tile without ``idx_ahead`` took 1696). A GPU takes the first
+    rung that fits, so a rung may ask for more shared memory than one after it. Each rung keeps ``cfg``'s other
+    switches (a rung they do not allow is skipped) and estimates its residency (``programs_per_sm=None``). The
+    gluon kernels have no ladder: they run on Hopper only, where the library's configs fit.
     """
     if cfg.gluon or cfg.gluon_swap:
         return []
-    steps: list[dict[str, int]] = []
-    stages, block_n, block_m = cfg.num_stages, cfg.block_n, cfg.block_m
-    while stages > 2:
-        stages -= 1
-        steps.append(dict(num_stages=stages))
-    while block_n > 16:
-        block_n //= 2
-        steps.append(dict(num_stages=stages, block_n=block_n))
-    while block_m > 16:
-        block_m //= 2
-        steps.append(dict(num_stages=stages, block_n=block_n, block_m=block_m))
-    if stages > 1:
-        steps.append(dict(num_stages=1, block_n=block_n, block_m=block_m))
-    rungs = []
-    for step in steps:
+    M, N, W, S = cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages
+    shapes = [(M, N, W, 2)] if S > 2 else []
+    if N > 32:
+        shapes.append((M, 32, W, 2))
+    if M > 32:
+        shapes.append((32, N, W, 2))
+    shapes += [(16, min(N, 32), 4, 3), (16, min(N, 32), 4, 2), (16, 16, 4, 2), (16, 16, 4, 1)]
+    ahead = not (cfg.prefetch or cfg.balanced)  # the register double-buffering and the balanced kernel have none
+    rungs: list[TritonConfig] = []
+    seen = {(M, N, W, S)}
+    for m, n, w, st in shapes:
+        if (m, n, w, st) in seen or m > M or n > N or st > S or (m, n, st) == (M, N, S):  # smaller tiles only
+            continue
+        seen.add((m, n, w, st))
         try:
-            rungs.append(dataclasses.replace(cfg, programs_per_sm=None, **step))
+            rungs.append(dataclasses.replace(cfg, block_m=m, block_n=n, num_warps=w, num_stages=st,
+                                             idx_ahead=cfg.idx_ahead or (ahead and st > 1), programs_per_sm=None))
         except ValueError:  # a switch of cfg that this shape does not allow (e.g. warp_specialize below 64 rows)
             continue
     return rungs
@@ -1668,11 +1673,12 @@ def _fall_back(err: Exception, cfg: TritonConfig, chosen: TritonConfig, explicit
         raise ValueError(f"config {cfg.label!r}: its split kernel needs {required} bytes of shared memory and this GPU "
                          f"gives a program {limit}; pass a config with fewer num_stages or a smaller block_n or "
                          f"block_m, or config=None (the library then steps down until one fits)") from err
-    ladder = shared_memory_ladder(cfg)
-    if not ladder:
+    ladder = shared_memory_ladder(chosen)  # walked in its order, from the rung after cfg
+    rest = ladder[ladder.index(cfg) + 1:] if cfg in ladder else ladder
+    if not rest:
         raise RuntimeError(f"the decode config {cfg.label!r} needs {required} bytes of shared memory, this GPU gives "
                            f"a program {limit}, and no smaller config is left to try") from err
-    nxt = ladder[0]
+    nxt = rest[0]
     SHARED_MEMORY_FALLBACKS[(dev.index or 0, chosen.key)] = nxt
     warnings.warn(f"MLA decode: the config {cfg.label!r} (tuned on an H200) needs {required} bytes of shared memory "
                   f"and this GPU gives a program {limit}; trying {nxt.label!r} (not tuned for this GPU)",

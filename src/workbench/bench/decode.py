@@ -136,12 +136,16 @@ def point_call(pool: CachePool, heads: int, qlen: int, batch: int, context: int,
     """The Triton decode at one point as a no-argument call (inputs and output allocated once), with the config
     and split count it runs (the library's choice unless ``config`` is given) and its inputs."""
     x = make_inputs(pool, heads, qlen, batch, context, seed=heads * 1000 + qlen * 100 + batch)
-    cfg = config or mla.triton_config(qlen * heads, x["q"].dtype, x["kv_indices"].numel(), num_reqs=batch,
-                                      sm_count=mla._sm_count(pool.device))
-    rows = qlen * heads
-    row_blocks = -(-rows // cfg.block_m)
-    splits = mla.default_splits(cfg, batch, row_blocks, batch * context, mla._sm_count(pool.device))
     out = torch.empty(batch * qlen, heads, mla.KV_LORA_RANK, dtype=x["q"].dtype, device=pool.device)
+    if config is None:
+        # one call with the library's own choice first: on a GPU with less shared memory than an H200 it steps
+        # down to a config that fits (mla.shared_memory_ladder), and the plan below is then that one
+        mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen, out=out)
+        cfg, splits = mla.triton_launch_plan(x["q"], x["qo_indptr"], x["kv_indices"], qlen)
+    else:
+        cfg = config
+        splits = mla.default_splits(cfg, batch, -(-qlen * heads // cfg.block_m), batch * context,
+                                    mla._sm_count(pool.device))
 
     def run_triton():
         return mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen,
