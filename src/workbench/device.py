@@ -233,6 +233,14 @@ def describe() -> str:
     }[p.kind]
     mode = "Triton interpreter (TRITON_INTERPRET=1; fp16/fp32 only)" if interpreter_active() \
         else "compiled Triton kernels"
+    if p.kind == "cuda" and not interpreter_active():
+        from workbench import mla  # here, not at the top: mla imports this module
+
+        dev = torch.device("cuda")
+        decode = ("the Gluon kernels (Hopper)" if mla.gluon_available()
+                  else "the Triton tiles (the Gluon kernels need Hopper and Triton >= "
+                  f"{'.'.join(map(str, mla.GLUON_MIN_TRITON))})")
+        mode += f"; MLA decode: {decode}, {max_shared_memory(dev) // 1024} KB of shared memory per program"
     lines = [
         f"device : {where}",
         f"kernels: {mode}",
