@@ -1,14 +1,35 @@
 """Shared fixtures.
 
 ``viz``: the figure module, or a skip with the reason when plotly is missing (the GPU machine's image
-has torch and triton but no plotly, and the GPU-only tests run there).
+has torch and triton but no plotly, and the GPU-only tests run there). ``run_compiled``: runs a script with
+``TRITON_INTERPRET=0`` in a subprocess and returns the JSON it printed last (the codegen tests compile kernels
+there: in the test process the kernels are the interpreter's Python functions).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
+import sys
 
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_compiled(script: str, timeout: int = 600):
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.path.join(ROOT, "src"))
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout,
+                         check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def run_compiled():
+    return _run_compiled
 
 
 @pytest.fixture

@@ -10,17 +10,11 @@ interpreter's Python functions.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from workbench import codegen, device, mla
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
@@ -91,17 +85,13 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def reports():
+def reports(run_compiled):
     try:
         import triton  # noqa: F401
         from triton.backends.compiler import GPUTarget  # noqa: F401
     except ImportError as exc:  # pragma: no cover
         pytest.skip(f"triton cannot compile here: {exc}")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.path.join(ROOT, "src"))
-    res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600,
-                         check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return run_compiled(SCRIPT)
 
 
 def test_every_idx_ahead_default_double_buffers_the_row_gather(reports):

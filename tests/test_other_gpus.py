@@ -150,12 +150,8 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def fits():
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.path.join(ROOT, "src"))
-    res = subprocess.run([sys.executable, "-c", FIT_SCRIPT], capture_output=True, text=True, env=env, timeout=900,
-                         check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def fits(run_compiled):
+    return run_compiled(FIT_SCRIPT, timeout=900)
 
 
 def test_every_default_fits_each_target_within_its_ladder(fits):
