@@ -1817,7 +1817,6 @@ def _launch_triton(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_
     if trace is not None:
         merge_opts.update(TRACE_BUF=trace[1], TRACE=True)
     _launch_merge(mid_o, mid_lse, out, lse, total_rows, num_splits, cfg, **merge_opts)
-    return
 
 
 def triton_launch_plan(q: torch.Tensor, qo_indptr: torch.Tensor, kv_indices: torch.Tensor, max_qo_len: int, *,
