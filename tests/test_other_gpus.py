@@ -10,8 +10,9 @@ Two failures a user there would have hit, found by compiling for those targets w
 
 The library now chooses the Gluon kernels on Hopper only, and steps down :func:`workbench.mla.shared_memory_ladder`
 when a kernel does not fit. Checked here: the choice (with a faked GPU), the ladder, the fallback under the
-interpreter, the steps on each target as Triton compiles them (no GPU needed), and, on a GPU, the fallback's
-results against the golden with the GPU's shared memory faked down to 99 KB.
+interpreter, the steps on each target as Triton compiles them (no GPU needed), the expansion and merge kernels
+compiled for those targets, and, on a GPU, the fallback's results against the golden with the GPU's shared memory
+faked down to 99 KB.
 """
 
 from __future__ import annotations
@@ -145,13 +146,42 @@ for arch in ("sm_80", "sm_89", "sm_100"):
         cfg = mla.triton_config(rows, dt[dtype], tokens, backend="cuda", gluon=False)
         out.append(dict(codegen.shared_memory_fit(cfg, arch, dtype=dtype), rows=rows, dtype=dtype, tokens=tokens,
                         chosen=cfg.label))
-print(json.dumps(out))
+# the rest of the pipeline as the library launches it there: the expansion (one-warp and 4-warp launches) and the
+# second-kernel merge, with PDL from sm_90 on
+rest = []
+for arch in ("sm_80", "sm_89", "sm_100", "sm_120"):
+    pdl = arch != "sm_80" and arch != "sm_89"
+    for warps in (1, 4):
+        rest.append(dict(codegen.expand_kernel_report(arch, num_warps=warps, pdl=pdl), kernel="expand", warps=warps))
+    rest.append(dict(codegen.merge_kernel_report(pdl=pdl, arch=arch), kernel="merge"))
+print(json.dumps(dict(fits=out, rest=rest)))
 """ % (FIT_CASES,)
 
 
 @pytest.fixture(scope="module")
-def fits(run_compiled):
+def compiled(run_compiled):
     return run_compiled(FIT_SCRIPT, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def fits(compiled):
+    return compiled["fits"]
+
+
+def test_expansion_and_merge_compile_for_other_nvidia_gpus(compiled):
+    """The kernels before and after the split kernel compile for A100, Ada, B200 and the RTX 50 series as the
+    library launches them there (PDL from sm_90 on: Ada and Ampere have no griddepcontrol), with little shared
+    memory, and with PDL read nothing before the wait (the kernel before may write what they read)."""
+    rest = compiled["rest"]
+    assert {(r["arch"], r["kernel"]) for r in rest} == {(a, k) for a in ("sm_80", "sm_89", "sm_100", "sm_120")
+                                                        for k in ("expand", "merge")}
+    for r in rest:
+        if r["kernel"] == "expand":
+            assert r["shared"] <= 16 * 1024 and r["barriers_before_first_store"] == 0, r
+        pdl_launched = r["arch"] in ("sm_100", "sm_120")
+        assert r["has_wait"] is pdl_launched, r
+        if pdl_launched:
+            assert r["global_reads_before_wait"] == 0 and r["has_launch_dependents"], r
 
 
 def test_every_default_fits_each_target_within_its_ladder(fits):

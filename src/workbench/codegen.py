@@ -206,29 +206,35 @@ def _amd_usage(amdgcn: str) -> dict[str, int | None]:
 
 
 def _target(arch: str) -> tuple:
-    """The GPUTarget tuple of ``arch``: ``"sm_90"`` (Hopper) or one of :data:`AMD_TARGETS`."""
-    targets = dict(AMD_TARGETS, sm_90=HOPPER)
+    """The GPUTarget tuple of ``arch``: ``"sm_90"`` (Hopper), one of :data:`OTHER_NVIDIA` or of :data:`AMD_TARGETS`."""
+    targets = dict(AMD_TARGETS, sm_90=HOPPER, **{k: v[0] for k, v in OTHER_NVIDIA.items()})
     if arch not in targets:
         raise ValueError(f"arch must be one of {sorted(targets)}, got {arch!r}")
     return targets[arch]
 
 
+def _pdl_target(target: tuple) -> bool:
+    """PDL (``griddepcontrol``) compiles for ``target``: NVIDIA, compute capability 9.0 or newer."""
+    return target[0] == "cuda" and target[1] >= 90
+
+
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
                          pdl: bool = False, group: int = 1, broadcast: bool = False, K: int = 16) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, chunks first, streaming stores; kernel block size
-    ``K``) for ``arch`` (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report the shared memory (LDS) it asks for.
+    ``K``) for ``arch`` (``"sm_90"``, one of :data:`OTHER_NVIDIA` or of :data:`AMD_TARGETS`) and report the shared
+    memory (LDS) it asks for.
     ``group`` > 1: the path that packs that many requests into one program (``ExpandConfig.group``).
-    ``broadcast``: one load per block id (``ExpandConfig.broadcast_blocks``). On ``sm_90`` also
+    ``broadcast``: one load per block id (``ExpandConfig.broadcast_blocks``). On NVIDIA targets also
     ``global_loads``: the ``ld.global`` instructions in the PTX (every path of the kernel, per thread).
 
-    ``pdl`` (``sm_90`` only): compile it as launched with programmatic dependent launch, and also report
+    ``pdl`` (NVIDIA sm_90 or newer only): compile it as launched with programmatic dependent launch, and report
     ``global_loads_before_wait`` (``ld.global`` instructions in the PTX before its first ``griddepcontrol.wait``:
     must be 0, since the kernel before may write block_table and seq_lens) and ``has_launch_dependents``; on
-    ``sm_90`` also ``barriers_before_first_store`` (CTA barriers before the first global store: 0, as the prefix
+    NVIDIA targets also ``barriers_before_first_store`` (CTA barriers before the first global store: 0, as the prefix
     sum of seq_lens is reduced inside each warp)."""
     target = _target(arch)
-    if pdl and arch != "sm_90":
-        raise ValueError(f"pdl needs an NVIDIA target (sm_90): PDL is griddepcontrol PTX; got arch {arch!r}")
+    if pdl and not _pdl_target(target):
+        raise ValueError(f"pdl needs an NVIDIA target of sm_90 or newer: PDL is griddepcontrol PTX; got arch {arch!r}")
     _require_compiled()
     import triton
     from workbench import expand
@@ -240,7 +246,7 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
                       target, dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "group": group, "shared": kernel.metadata.shared,
                               "triton": triton.__version__}
-    if arch == "sm_90":
+    if target[0] == "cuda":
         ptx = kernel.asm["ptx"]
         report.update(pdl_report(ptx))
         report["global_loads"] = len(re.findall(r"\bld\.global\b", ptx))
@@ -257,11 +263,12 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16", *, spin: bool = F
     kernel, then letting the next call's split kernel launch) and report :func:`pdl_report`. ``spin``: the spin
     merge (``TritonConfig.spin_merge``: no PDL wait, the rows' counts polled instead); its report also holds
     ``acquire_polls`` (acquire atomics at GPU scope in the PTX). ``arch``: ``"sm_90"`` or one of
-    :data:`AMD_TARGETS` (there only that it compiles: ``vgprs`` and ``scratch_bytes``)."""
+    :data:`AMD_TARGETS` (there only that it compiles: ``vgprs`` and ``scratch_bytes``) or of :data:`OTHER_NVIDIA`
+    (``pdl`` from sm_90 on)."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
     target = _target(arch)
-    if pdl and arch != "sm_90":
+    if pdl and not _pdl_target(target):
         raise ValueError(f"pdl=True is NVIDIA-only (griddepcontrol, sm_90+); the library launches the merge on {arch} "
                          "without it: pass pdl=False")
     _require_compiled()
@@ -276,7 +283,7 @@ def merge_kernel_report(pdl: bool = True, dtype: str = "bf16", *, spin: bool = F
         consts.update(COUNTERS=None, DONE=None)
     kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
                       target, dict(num_warps=4))
-    if arch != "sm_90":
+    if target[0] != "cuda":
         return dict(_amd_usage(kernel.asm["amdgcn"]), pdl=pdl, spin=spin, arch=arch)
     ptx = kernel.asm["ptx"]
     return dict(pdl_report(ptx), pdl=pdl, spin=spin, arch=arch,
