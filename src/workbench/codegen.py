@@ -177,7 +177,7 @@ def shared_memory_fit(cfg: Any, arch: str, heads: int = 16, dtype: str = "bf16")
     target, limit = OTHER_NVIDIA[arch]
     tried: list[list[Any]] = []
     for rung in [cfg, *mla.shared_memory_ladder(cfg)]:
-        launched = rung if target[1] >= 90 else dataclasses.replace(rung, pdl=False, pdl_split=False)
+        launched = rung if _pdl_target(target) else dataclasses.replace(rung, pdl=False, pdl_split=False)
         shared = _compile_split(launched, heads, dtype, None, target).metadata.shared
         tried.append([rung.label, shared])
         if shared <= limit:

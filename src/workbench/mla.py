@@ -1248,7 +1248,7 @@ class TritonConfig:
             smem = (self.block_m + self.block_n) * QK_HEAD_DIM * 2
             regs_per_thread = self.block_m * KV_LORA_RANK // (32 * self.num_warps) + 96
         threads = 32 * self.num_warps
-        return max(1, min(232_448 // max(smem, 1), 65_536 // max(regs_per_thread * threads, 1), 2048 // threads))
+        return max(1, min(device.HOPPER_SHARED_MEMORY // max(smem, 1), 65_536 // max(regs_per_thread * threads, 1), 2048 // threads))
 
 
 _RESOURCES: dict[tuple, tuple[int, int]] = {}  # config -> (registers/thread, shared bytes)
@@ -1729,9 +1729,8 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
             if not _is_shared_memory_error(err):
                 raise
             # raised when the kernel is loaded, before it runs: nothing was written, the call starts again
-            cfg = _fall_back(err, cfg, chosen, config is not None, q.device)
-            splits = num_splits if num_splits is not None else default_splits(
-                cfg, num_reqs, triton.cdiv(max_qo_len * heads, cfg.block_m), kv_indices.numel(), _sm_count(q.device))
+            cfg, splits = triton_launch_plan(q, qo_indptr, kv_indices, max_qo_len, num_splits=num_splits,
+                                             config=_fall_back(err, cfg, chosen, config is not None, q.device))
 
 
 def _launch_triton(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, num_splits,

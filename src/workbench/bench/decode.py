@@ -141,11 +141,7 @@ def point_call(pool: CachePool, heads: int, qlen: int, batch: int, context: int,
         # one call with the library's own choice first: on a GPU with less shared memory than an H200 it steps
         # down to a config that fits (mla.shared_memory_ladder), and the plan below is then that one
         mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen, out=out)
-        cfg, splits = mla.triton_launch_plan(x["q"], x["qo_indptr"], x["kv_indices"], qlen)
-    else:
-        cfg = config
-        splits = mla.default_splits(cfg, batch, -(-qlen * heads // cfg.block_m), batch * context,
-                                    mla._sm_count(pool.device))
+    cfg, splits = mla.triton_launch_plan(x["q"], x["qo_indptr"], x["kv_indices"], qlen, config=config)
 
     def run_triton():
         return mla.mla_decode_triton(x["q"], x["kv_cache"], x["qo_indptr"], x["kv_indptr"], x["kv_indices"], qlen,
