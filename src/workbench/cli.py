@@ -8,6 +8,7 @@ Subcommands (each registered by one ``_add_*`` function below; keep them in the 
 * ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance):
   ``bench decode`` (MLA decode, ``workbench.bench.decode``)
 * ``workbench probe-qlen``      every query length on one decode backend vs the golden (``workbench.qlen``)
+* ``workbench results``         the committed H200 bars of both benchmarks (``workbench.bench.results``)
 
 Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage.
 """
@@ -179,9 +180,42 @@ def _add_probe_qlen(sub: argparse._SubParsersAction) -> None:
 
 
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
+def _add_results(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "results", help="the committed H200 benchmark bars (expand and decode): measured, PASS/MISS, how far off",
+        description="Every bar of the benchmark results committed under src/workbench/data/ (measured on an H200 "
+                    "with `workbench bench expand` and `workbench bench decode`), with each run's provenance; for a "
+                    "missed bar, what it would need, from numbers measured in the same run. Nothing is timed: "
+                    "this reads the committed JSON, on any machine. Exit 0 (it reports; the bench commands judge).")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--markdown", action="store_true", help="print the table as Markdown (the README's)")
+    form.add_argument("--json", action="store_true", help="print the rows and provenance lines as JSON")
+    p.add_argument("--device", default="h200", help="which committed results: data/bench_<name>_<device>.json")
+
+    def run(args: argparse.Namespace) -> int:
+        import json
+
+        from workbench.bench import results
+
+        rows, lines = results.committed_bars(args.device)
+        if not rows:  # neither benchmark is committed for this device: say so, as bad usage
+            print("workbench results: error: no committed results for --device " f"{args.device!r}:\n  "
+                  + "\n  ".join(lines), file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps({"provenance": lines, "bars": [r.to_dict() for r in rows]}, indent=2))
+        elif args.markdown:
+            print(results.format_markdown(rows))
+        else:
+            print(results.format_text(rows, lines))
+        return 0
+
+    p.set_defaults(func=run)
+
+
 REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog,
                                                                    _add_bench_expand, _add_bench_decode,
-                                                                   _add_probe_qlen]
+                                                                   _add_probe_qlen, _add_results]
 
 
 def build_parser() -> argparse.ArgumentParser:
