@@ -179,7 +179,6 @@ def _add_probe_qlen(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
 def _add_results(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "results", help="the committed H200 benchmark bars (expand and decode): measured, PASS/MISS, how far off",
@@ -199,7 +198,7 @@ def _add_results(sub: argparse._SubParsersAction) -> None:
 
         rows, lines = results.committed_bars(args.device)
         if not rows:  # neither benchmark is committed for this device: say so, as bad usage
-            print("workbench results: error: no committed results for --device " f"{args.device!r}:\n  "
+            print(f"workbench results: error: no committed results for --device {args.device!r}:\n  "
                   + "\n  ".join(lines), file=sys.stderr)
             return 2
         if args.json:
@@ -213,6 +212,7 @@ def _add_results(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
 REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog,
                                                                    _add_bench_expand, _add_bench_decode,
                                                                    _add_probe_qlen, _add_results]
