@@ -121,7 +121,6 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
     copy = data["ceilings"]["copy"]["gb_s"]
     matmul = data["ceilings"]["matmul_bf16"]["tflops"]
     bars = {bar.name: bar for bar in bench_decode.BARS}
-    needs: dict[tuple[int, int, int], dict[str, Any]] = {}
     out = []
     for b in data["bars"]:
         bar = bars.get(b["name"])
@@ -140,10 +139,8 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
             if "rounds" in b:
                 note = f"median of {len(b['rounds'])} paired rounds, {b['ratio_min']:.2f}-{b['ratio_max']:.2f}"
             if b["verdict"] != "PASS":
-                if bar.qlen not in {k[0] for k in needs}:
-                    for n in qlen_bar_needs(data, bar.qlen, heads=bar.heads, factor=bar.target):
-                        needs[(bar.qlen, n["batch"], n["context"])] = n
-                n = needs[(bar.qlen, bar.batch, bar.context)]
+                (n,) = qlen_bar_needs(data, bar.qlen, heads=bar.heads, factor=bar.target,
+                                      pairs=[(bar.batch, bar.context)])
                 note += (f"; needs {n['needs_tflops']:.0f} TFLOP/s = {n['of_matmul']:.0%} of the bf16 matmul measured "
                          f"in the same run ({matmul:.0f}); the kernel reaches {n['measured_tflops']:.0f}")
         else:
