@@ -692,6 +692,47 @@ def test_bench_sweep_variants_compute_the_expansion():
     assert "v1 (output-aligned chunks)" in table and "2.00!" in table
 
 
+def test_probe_ranges_spread_and_same_round_differences():
+    from workbench.bench import expand as B
+
+    def row(rnd, label, us, agree=True, R=256, L=4096):
+        return dict(round=rnd, R=R, L=L, label=label, us=us, agree=agree)
+
+    runs = [{"rows": [row(0, "floor", 1.7), row(0, "k", 2.0), row(1, "floor", 1.9), row(1, "k", 2.1, agree=None),
+                      row(0, "k", 9.0, R=1, L=97000)]},
+            {"rows": [row(0, "floor", 1.6), row(0, "k", 2.2, agree=False), row(0, "solo", 3.0), row(1, "solo", 3.5),
+                      row(1, "once", 1.0)]}]
+    got = B.probe_ranges(runs, 256, 4096, over="floor")
+    assert list(got) == ["floor", "k", "solo", "once"]  # first-seen order; the 1 x 97000 row is another batch
+    k = got["k"]
+    assert (k["lo"], k["hi"], k["n"], k["agree"]) == (2.0, 2.2, 3, False)
+    # differences taken within one run and round: 2.0 - 1.7, 2.1 - 1.9, 2.2 - 1.6
+    assert k["over_lo"] == pytest.approx(0.2) and k["over_hi"] == pytest.approx(0.6)
+    assert got["floor"]["over_lo"] == got["floor"]["over_hi"] == 0.0
+    # run 2 has no floor in round 1: a label timed there gets no difference at all, not one from a subset
+    assert "over_lo" not in got["solo"] and "over_lo" not in got["once"] and got["solo"]["n"] == 2
+    assert B.probe_ranges(runs[:1], 256, 4096)["k"]["agree"] is True
+    assert "over_lo" not in B.probe_ranges(runs, 256, 4096)["k"]  # no reference asked for
+    with pytest.raises(ValueError, match="over='nope'"):
+        B.probe_ranges(runs, 256, 4096, over="nope")
+
+
+def test_committed_chain_probe_backs_chapter_2():
+    # The nineteenth session's probes at 256 x 4k (chapter 2, "The chain, link by link"): every output agreed
+    # with its reference, and the default library call never went under the 2 us bar in them.
+    from workbench.bench import expand as B
+
+    payload = json.loads(resources.files("workbench.data").joinpath("bench_expand_h200.json").read_text())
+    runs = payload["chain_probe"]["runs"]
+    assert [r["name"] for r in runs] == ["floor", "hotspot", "order", "chain", "chain2"]
+    assert all(r["provenance"]["device"] == "NVIDIA H200" for r in runs)
+    assert all(row.get("agree") is not False for r in runs for row in r["rows"])
+    chain = B.probe_ranges(runs[3:], 256, 4096, over="store only")
+    assert chain["library"]["lo"] > 2.0 and chain["library"]["n"] == 14
+    everything = B.probe_ranges(runs, 256, 4096)
+    assert everything["library"]["lo"] > 2.0
+
+
 def test_bench_cli_without_gpu_says_why(capsys):
     from workbench import cli
 

@@ -586,3 +586,33 @@ def format_sweep(payload: dict[str, Any]) -> str:
             cells.append(f"{s['us']:13.2f}{'!' if s.get('agree') is False else ' '}")
         lines.append(f"{row['label']:28}" + "".join(cells))
     return "\n".join(lines)
+
+
+def probe_ranges(runs: list[dict[str, Any]], num_reqs: int, seq_len: int, *,
+                 over: str | None = None) -> dict[str, dict[str, Any]]:
+    """The spread of each variant of the ``scripts/expand_*_probe.py`` runs (``[{"provenance", "rows"}, ...]``,
+    as :func:`workbench.bench.common.report_probe_rounds` writes them) at one batch: per label, in the order
+    first seen, ``lo`` and ``hi`` (us), ``n`` (timings), ``agree`` (False if any round's output disagreed with
+    the probe's reference, None if none was checked), and with ``over`` the label of a reference variant timed in
+    the same rounds, ``over_lo`` / ``over_hi``: the variant's time minus the reference's in the same run and
+    round (so machine-to-machine and round-to-round drift cancel). A label without its reference in some round
+    has no ``over_*``; a reference missing from every run is an error."""
+    if over is not None and not any(r["label"] == over and (r["R"], r["L"]) == (num_reqs, seq_len)
+                                    for run in runs for r in run["rows"]):
+        raise ValueError(f"over={over!r}: no row of {num_reqs} x {seq_len} has that label")
+    out: dict[str, dict[str, Any]] = {}
+    diffs: dict[str, list[float]] = {}
+    for i, run in enumerate(runs):
+        rows = [r for r in run["rows"] if (r["R"], r["L"]) == (num_reqs, seq_len)]
+        ref = {r["round"]: r["us"] for r in rows if r["label"] == over}
+        for r in rows:
+            s = out.setdefault(r["label"], {"lo": r["us"], "hi": r["us"], "n": 0, "agree": None})
+            s["lo"], s["hi"], s["n"] = min(s["lo"], r["us"]), max(s["hi"], r["us"]), s["n"] + 1
+            if r.get("agree") is not None:
+                s["agree"] = bool(r["agree"]) and s["agree"] is not False
+            if r["round"] in ref:
+                diffs.setdefault(r["label"], []).append(r["us"] - ref[r["round"]])
+    for label, d in diffs.items():
+        if len(d) == out[label]["n"]:
+            out[label].update(over_lo=min(d), over_hi=max(d))
+    return out
