@@ -27,7 +27,10 @@ K = 16
 @triton.jit
 def _kernel(block_table_ptr, stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr,
             K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, PFIRST: tl.constexpr,
-            BC2D: tl.constexpr, U32: tl.constexpr, PDL: tl.constexpr = True):
+            BC2D: tl.constexpr, U32: tl.constexpr, PDL: tl.constexpr = True, LOOP: tl.constexpr = False,
+            IDLE: tl.constexpr = False):
+    # LOOP, IDLE (scripts/expand_lean_probe.py): the library's chunk-striding loop after the first chunk, and its
+    # prefix sum under the SKIP_IDLE condition (start = 0, then summed under an if that is always true)
     r = tl.program_id(1)
     c = tl.program_id(0)
     if PDL:
@@ -35,8 +38,14 @@ def _kernel(block_table_ptr, stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv
     row = block_table_ptr + r.to(tl.int64) * stride
     tok0 = c * BLOCK_T
     if PFIRST:
-        start = E._prefix_sum(seq_lens_ptr, r, BLOCK_R, False, U32)
-        seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+        if IDLE:
+            seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+            start = tl.zeros([], dtype=tl.int64)
+            if (c == 0) | (tok0 < seq_len) | True:
+                start = E._prefix_sum(seq_lens_ptr, r, BLOCK_R, False, U32)
+        else:
+            start = E._prefix_sum(seq_lens_ptr, r, BLOCK_R, False, U32)
+            seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
     if BC2D:
         NB: tl.constexpr = BLOCK_T // K
         rows_ = tl.arange(0, NB)[:, None]
@@ -62,6 +71,12 @@ def _kernel(block_table_ptr, stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv
             tl.store(kv_indices_ptr + base + lane, vals)
     else:
         tl.store(kv_indices_ptr + base + lane, vals, mask=lane < seq_len - tok0)
+    if LOOP:
+        n_c = tl.num_programs(0)
+        for chunk in range(c + n_c, tl.cdiv(seq_len, BLOCK_T), n_c):
+            tok = chunk * BLOCK_T
+            E._store_chunk(kv_indices_ptr, E._indices_of_chunk(row, max_blocks, tok, K, BLOCK_T, BC2D), start,
+                           seq_len, tok, BLOCK_T, "", K, BC2D)
 
 
 PTX = {"ld.global": r"ld\.global", "st.global.v4": r"st\.global(\.\w+)*\.v4", "st.global": r"st\.global",

@@ -15,7 +15,8 @@ import torch
 
 from workbench import codegen, device, mla
 
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "merge", "meta_before_wait", "no_pdl_split", "gluon",
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "expand_many", "merge",
+                "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
                 "gluon_ws_handoff", "gluon_ws_loader", "gluon_ws_split_merge", "gluon_ws_ia")
@@ -44,6 +45,8 @@ out["expand_group"] = [codegen.expand_kernel_report(a, block_t=128, num_warps=1,
                        for a in ("gfx942", "sm_90")]
 out["expand_bcast"] = {f"{K}/{b}": codegen.expand_kernel_report("sm_90", num_warps=1, pdl=True, K=K, broadcast=b)
                        for K in (16, 2048) for b in (False, True)}
+out["expand_many"] = codegen.expand_kernel_report("sm_90", num_warps=1, pdl=True, broadcast=True, prefix_first=True,
+                                                  prefix_u32=True)
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 # every (tile, splits loaded at once, warps) the second-kernel merge launches with for 2..32 splits of 65 to 4096 rows
 merge_cfg = mla.TritonConfig(16, 64, 8, 3)
@@ -216,15 +219,19 @@ def test_request_group_path_compiles_and_reads_nothing_before_its_wait(reports):
 
 
 def test_broadcast_blocks_loads_each_block_id_once(reports):
-    """``ExpandConfig.broadcast_blocks`` (rejected on the H200, opt-in): a one-warp program of 1024 tokens loads
-    the block id of every token without it (32 loads per lane per chunk, in each of the kernel's two chunk
-    paths), and each of the chunk's ids once with it (2 per lane at K = 16, 1 when the chunk lies inside one
-    block, K = 2048); launched with PDL it still reads nothing before its wait."""
+    """``ExpandConfig.broadcast_blocks`` (part of expand_config's choice for many short requests): a one-warp
+    program of 1024 tokens loads the block id of every token without it (32 loads per lane per chunk, in each of
+    the kernel's two chunk paths), and each of the chunk's ids once with it (2 per lane at K = 16, 1 when the
+    chunk lies inside one block, K = 2048); launched with PDL it still reads nothing before its wait. The same
+    holds with the prefix sum's loads issued first and summed in uint32, as expand_config launches it."""
     r = reports["expand_bcast"]
     for K in (16, 2048):
         per_token, once = r[f"{K}/False"], r[f"{K}/True"]
         assert once["global_loads"] * 4 <= per_token["global_loads"], (K, once, per_token)
         assert once["has_wait"] and once["global_reads_before_wait"] == 0 and once["global_writes_before_wait"] == 0
+    many = reports["expand_many"]
+    assert many["has_wait"] and many["global_reads_before_wait"] == 0 and many["global_writes_before_wait"] == 0
+    assert many["launch_dependents_after_wait"] and many["global_loads"] == r["16/True"]["global_loads"], many
 
 
 def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):

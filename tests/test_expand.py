@@ -92,6 +92,10 @@ CONFIGS = {
     # one load per block id, broadcast over a (block_t // K, K) tile: K below, at and above the chunk width
     "chunk16-bcast": E.ExpandConfig(block_t=16, broadcast_blocks=True),
     "chunk32-stride2-1warp-bcast": E.ExpandConfig(block_t=32, max_chunk_programs=2, num_warps=1, broadcast_blocks=True),
+    # the prefix sum's loads issued before the block ids' (alone, and as expand_config's one-warp rule combines it)
+    "chunk16-prefix-first": E.ExpandConfig(block_t=16, prefix_first=True),
+    "chunk32-stride2-1warp-bcast-first-u32": E.ExpandConfig(block_t=32, max_chunk_programs=2, num_warps=1,
+                                                            broadcast_blocks=True, prefix_first=True, prefix_u32=True),
 }
 
 
@@ -451,9 +455,31 @@ def test_expand_config_rule():
     for R, L, g in ((2048, 200, 4), (4096, 100, 8), (4096, 999, 4), (8192, 64, 16), (16_384, 32, 32)):
         cfg = E.expand_config(R, L)
         assert cfg.group == g and cfg.num_warps == 1 and cfg.group * cfg.block_t <= 4096, (R, L, cfg)
-        assert cfg.prefix_u32, (R, L, cfg)  # the uint32 prefix sum only with groups
+        assert cfg.prefix_u32, (R, L, cfg)  # the uint32 prefix sum with groups
+        assert not (cfg.prefix_first or cfg.broadcast_blocks), (R, L, cfg)  # one-request programs only
         assert cfg.block_t >= L and R // cfg.group >= E.GROUP_PROGRAMS, (R, L, cfg)
         assert R // cfg.group < 2 * E.GROUP_PROGRAMS or cfg.group * cfg.block_t == 4096, (R, L, cfg)  # tile cap
+
+
+def test_expand_config_many_short_requests_rule():
+    """From BROADCAST_REQS one-request programs (one warp, no groups, tight bound) whose max_seq_len lies in
+    BROADCAST_MIN_LEN..BROADCAST_MAX_LEN: prefix_first, prefix_u32 and broadcast_blocks together (nineteenth
+    session, numbers in the docstring); off below that many requests, outside those lengths, with 4 warps, with
+    groups and with a loose bound."""
+    def three(cfg):
+        return (cfg.prefix_first, cfg.prefix_u32, cfg.broadcast_blocks)
+
+    n, low, top = E.BROADCAST_REQS, E.BROADCAST_MIN_LEN, E.BROADCAST_MAX_LEN
+    assert E.expand_config(n, low).block_t == 512  # the rule starts where chunks reach 512 tokens
+    for R, L in ((n, 1024), (1024, 1000), (1536, 700), (1000, 300), (n, top), (4096, top), (2 * n - 1, low)):
+        cfg = E.expand_config(R, L)
+        assert (cfg.group, cfg.num_warps) == (1, 1) and three(cfg) == (True, True, True), (R, L, cfg)
+    for R, L in ((n - 1, 1000), (256, 4096), (n, top + 1), (1536, 3000), (1024, 4096), (1, 97_000), (n, 16),
+                 (600, 100), (2047, low - 1)):
+        assert three(E.expand_config(R, L)) == (False, False, False), (R, L)
+    assert E.expand_config(4 * E.GROUP_PROGRAMS, 1000).group > 1  # groups take over: their own rule
+    assert three(E.expand_config(4 * E.GROUP_PROGRAMS, 1000))[::2] == (False, False)
+    assert three(E.expand_config(1024, 1000, loose_bound=True))[::2] == (False, False)
 
 
 def test_expand_config_loose_bound_rule():

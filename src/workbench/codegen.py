@@ -219,12 +219,15 @@ def _pdl_target(target: tuple) -> bool:
 
 
 def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: int = 4, *,
-                         pdl: bool = False, group: int = 1, broadcast: bool = False, K: int = 16) -> dict[str, Any]:
+                         pdl: bool = False, group: int = 1, broadcast: bool = False, K: int = 16,
+                         prefix_first: bool = False, prefix_u32: bool = False) -> dict[str, Any]:
     """Compile the index-expansion kernel (``workbench.expand``, chunks first, streaming stores; kernel block size
     ``K``) for ``arch`` (``"sm_90"``, one of :data:`OTHER_NVIDIA` or of :data:`AMD_TARGETS`) and report the shared
     memory (LDS) it asks for.
     ``group`` > 1: the path that packs that many requests into one program (``ExpandConfig.group``).
-    ``broadcast``: one load per block id (``ExpandConfig.broadcast_blocks``). On NVIDIA targets also
+    ``broadcast``: one load per block id (``ExpandConfig.broadcast_blocks``); ``prefix_first``, ``prefix_u32``: as
+    ``ExpandConfig``'s (with ``broadcast``, what :func:`workbench.expand.expand_config` picks for many short
+    requests). On NVIDIA targets also
     ``global_loads``: the ``ld.global`` instructions in the PTX (every path of the kernel, per thread).
 
     ``pdl`` (NVIDIA sm_90 or newer only): compile it as launched with programmatic dependent launch, and report
@@ -241,7 +244,8 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     runtime = {"block_table_ptr": "*i32", "block_table_stride": "i32", "max_blocks": "i32", "seq_lens_ptr": "*i32",
                "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "num_reqs": "i32"}
     consts = dict(K=K, BLOCK_T=block_t, BLOCK_R=256, PREFIX_LOOP=False, INDPTR_IN=False, STORE_CACHE=".cs",
-                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group, BCAST=expand.broadcast_applies(broadcast, K))
+                  CHUNKS_FIRST=True, PDL=pdl, GROUP=group, BCAST=expand.broadcast_applies(broadcast, K),
+                  PREFIX_FIRST=prefix_first, PREFIX_U32=prefix_u32)
     kernel = _compile(expand._expand_page_indices_kernel, runtime, consts, {n for n in runtime if n.endswith("_ptr")},
                       target, dict(num_warps=num_warps))
     report: dict[str, Any] = {"arch": arch, "group": group, "shared": kernel.metadata.shared,

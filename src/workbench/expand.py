@@ -425,6 +425,30 @@ def _prefix_sum(seq_lens_ptr, r0, BLOCK_R: tl.constexpr, PREFIX_LOOP: tl.constex
 
 
 @triton.jit
+def _request_start(seq_lens_ptr, kv_indptr_ptr, r, c, tok0, BLOCK_R: tl.constexpr, PREFIX_LOOP: tl.constexpr,
+                   INDPTR_IN: tl.constexpr, PREFIX_U32: tl.constexpr, WIDE: tl.constexpr, SKIP_IDLE: tl.constexpr):
+    """Where request ``r`` starts in ``kv_indices`` and its length, ``(start int64, seq_len int32)``.
+
+    ``start = sum(seq_lens[:r])``, computed here so that the whole expansion is one launch (no separate cumsum),
+    in int64 (or uint32, exact below 2**32 tokens) so that nothing wraps near ``sum(seq_lens) = 2**31 - 1``.
+    Chunk-program 0 of each request also writes ``kv_indptr[r + 1]`` (and request 0's ``kv_indptr[0]``).
+    ``INDPTR_IN``: both are read from a precomputed ``kv_indptr`` instead, which is left unchanged."""
+    if INDPTR_IN:
+        start = tl.load(kv_indptr_ptr + r).to(tl.int64)
+        seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
+    else:
+        seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
+        start = tl.zeros([], dtype=tl.int64)
+        if (c == 0) | (tok0 < seq_len) | (not SKIP_IDLE):  # SKIP_IDLE: none past the request's end
+            start = _prefix_sum(seq_lens_ptr, r, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE)
+        if c == 0:
+            tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
+            if r == 0:
+                tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
+    return start, seq_len
+
+
+@triton.jit
 def _expand_group(
     block_table_ptr, block_table_stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, kv_indices_ptr, num_reqs,
     g, c, n_c, K: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -486,6 +510,7 @@ def _expand_page_indices_kernel(
     WIDE_PREFIX: tl.constexpr = False,  # the prefix sum in a BLOCK_R-wide accumulator (one-warp programs)
     SKIP_IDLE: tl.constexpr = False,  # chunk programs with nothing to store skip the prefix sum (not faster)
     BCAST: tl.constexpr = False,  # one load per block id, broadcast over its tokens (K a power of two)
+    PREFIX_FIRST: tl.constexpr = False,  # issue the prefix sum's loads before the block ids' (one-request programs)
 ):
     # Programs start in grid order (axis 0 fastest). Chunks first: programs running together write
     # neighbouring output and read neighbouring block ids of one request, instead of one 4 KB piece in each
@@ -506,26 +531,18 @@ def _expand_page_indices_kernel(
                       PREFIX_U32, WIDE_PREFIX, SKIP_IDLE)
     else:
         row = block_table_ptr + r.to(tl.int64) * block_table_stride
-        # 1. Load the first chunk's block ids BEFORE finding where the request starts in the output: chunks are
-        #    aligned to the request (not to the output), so these loads do not wait for the prefix sum below and
-        #    the two memory latencies overlap instead of adding up.
+        # 1. Load the first chunk's block ids and find where the request starts in the output (2.). Chunks are
+        #    aligned to the request (not to the output), so neither waits for the other and the two memory
+        #    latencies overlap instead of adding up. By default the block ids are loaded first; PREFIX_FIRST
+        #    issues the prefix sum's loads first, so that its reduction overlaps the block ids' latency.
         tok0 = c * BLOCK_T
+        if PREFIX_FIRST:
+            start, seq_len = _request_start(seq_lens_ptr, kv_indptr_ptr, r, c, tok0, BLOCK_R, PREFIX_LOOP,
+                                            INDPTR_IN, PREFIX_U32, WIDE_PREFIX, SKIP_IDLE)
         vals = _indices_of_chunk(row, max_blocks, tok0, K, BLOCK_T, BCAST)
-
-        # 2. Where the request starts in kv_indices: start = sum(seq_lens[:r]), computed here so that the whole
-        #    expansion is one launch (no separate cumsum). int64, so nothing wraps near sum(seq_lens) = 2**31 - 1.
-        if INDPTR_IN:
-            start = tl.load(kv_indptr_ptr + r).to(tl.int64)
-            seq_len = (tl.load(kv_indptr_ptr + r + 1) - tl.load(kv_indptr_ptr + r)).to(tl.int32)
-        else:
-            seq_len = tl.load(seq_lens_ptr + r).to(tl.int32)
-            start = tl.zeros([], dtype=tl.int64)
-            if (c == 0) | (tok0 < seq_len) | (not SKIP_IDLE):  # SKIP_IDLE: none past the request's end
-                start = _prefix_sum(seq_lens_ptr, r, BLOCK_R, PREFIX_LOOP, PREFIX_U32, WIDE_PREFIX)
-            if c == 0:
-                tl.store(kv_indptr_ptr + r + 1, (start + seq_len).to(tl.int32))
-                if r == 0:
-                    tl.store(kv_indptr_ptr, start.to(tl.int32))  # = 0
+        if not PREFIX_FIRST:
+            start, seq_len = _request_start(seq_lens_ptr, kv_indptr_ptr, r, c, tok0, BLOCK_R, PREFIX_LOOP,
+                                            INDPTR_IN, PREFIX_U32, WIDE_PREFIX, SKIP_IDLE)
 
         # 3. Store; the full chunks of a request are unmasked (16-byte vector stores when the output position is
         #    a multiple of 4), only its last chunk is masked. Programs then stride over the request's other chunks
@@ -561,9 +578,14 @@ class ExpandConfig:
     #                                 those sums
     broadcast_blocks: bool = False  # load each block id of a chunk once and broadcast it over its K tokens (a
     #                                 (BLOCK_T // K, K) tile) instead of one load per token; K a power of two (other
-    #                                 K keep the per-token load); one-request programs only (group == 1). Not
-    #                                 faster on an H200 (twelfth session, the committed JSON's broadcast_probe: 256 x
-    #                                 4k 2.28-2.40 against 2.15-2.20 us, mixed elsewhere), so off
+    #                                 K keep the per-token load); one-request programs only (group == 1). Alone it
+    #                                 was not faster on an H200 (twelfth session, the JSON's broadcast_probe: 256 x 4k
+    #                                 2.28-2.40 against 2.15-2.20 us, mixed elsewhere); with prefix_first and
+    #                                 prefix_u32 expand_config uses it for many short requests (nineteenth session)
+    prefix_first: bool = False  # one-request programs issue the prefix sum's loads before the block ids' (its
+    #                             reduction then overlaps their latency); otherwise the block ids are loaded first.
+    #                             expand_config turns it on with prefix_u32 and broadcast_blocks for many short
+    #                             requests (its docstring has the numbers)
 
     def __post_init__(self) -> None:
         for name in ("block_t", "num_warps", "group", "prefix_block"):
@@ -588,6 +610,12 @@ FEW_REQS = 64  # below this many requests the prefix sums are cheap and 4 warps 
 GROUP_PROGRAMS = 512  # with request groups, about this many groups (programs) per launch
 
 
+# From BROADCAST_REQS one-request programs whose bound max_seq_len lies in BROADCAST_MIN_LEN..BROADCAST_MAX_LEN
+# (tight bounds): the prefix sum's loads first, a uint32 sum, and each block id loaded once (expand_config;
+# measured in the expansion JSON's rule_probe)
+BROADCAST_REQS = 512
+BROADCAST_MIN_LEN = 257  # chunks of 512 or 1024 tokens
+BROADCAST_MAX_LEN = 2048
 LOOSE_PROGRAM_BUDGET = 1024  # loose bounds: about this many programs in all (chunk programs capped, they stride)
 
 
@@ -636,7 +664,20 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
     The uint32 prefix sum (``prefix_u32``) with request groups: 2048 x 200 2.21-2.33 -> 1.95-2.09 us, 4096 x 100
     2.68-2.75 -> 2.37-2.50, 8192 x 64 3.66-3.69 -> 3.14-3.19, 16,384 x 32 5.74-5.85 -> 4.39-4.54 (the JSON's
     ``wide_prefix_probe``, ``--warps`` run). Without groups it was slower at 1024 x 1000 (2.93-3.09 against
-    2.65-2.84 us, in two runs) and within noise at 256 x 4k, so it is on only with groups.
+    2.65-2.84 us, in two runs) and within noise at 256 x 4k.
+
+    Many one-request programs of short requests (at least :data:`BROADCAST_REQS` requests, ``max_seq_len`` from
+    :data:`BROADCAST_MIN_LEN` to :data:`BROADCAST_MAX_LEN`, one warp, no groups) take three switches together:
+    ``prefix_first``, ``prefix_u32`` and ``broadcast_blocks``. In the nineteenth session's H200 runs (the JSON's ``rule_probe``,
+    three rounds, against all three off) 768 x 900 took 2.02-2.09 against 2.30-2.33 us, 1024 x 1000 2.25-2.26
+    against 2.60-2.79, 1536 x 700 2.81-2.86 against 3.74-3.90, 1024 x 1000 at K = 1 2.75-2.86 against 3.36-3.48
+    (ragged 2.43-2.68 against 3.29-3.41), and 4096 ragged requests of up to 2048 tokens 10.4 against 13.4; 512 x
+    1024 and 2047 x 1500 were level. The uint32 sum alone was slower (1024 x 1000 2.98-3.00 us); the broadcast
+    carries the gain. Above 2048 tokens the three were level (1024 x 4096, 512 x 8192, 2048 x 4096) or slower
+    (1536 ragged requests of up to 3000 tokens, 6.35-6.41 against 6.03-6.05 us), so they stay off there. With
+    chunks under 512 tokens they were slower (512 x 16 1.43-1.45 against 1.31-1.35 us, 600 x 100 1.48-1.57
+    against 1.43-1.55) or level (1024 x 64, 2047 x 200), so they start at 257 tokens; with 512-token chunks they
+    were level (1000 x 300) or faster (2047 ragged requests of up to 500 tokens, 2.95-2.96 against 3.05 us).
 
     Earlier sweeps (``workbench bench expand --sweep``; the committed JSON's ``sweep_run`` and chapter 2): the
     chunks-first grid order took 512 x 128k from about 78 to 72 us; streaming stores helped only there
@@ -660,8 +701,11 @@ def expand_config(num_reqs: int, max_seq_len: int, *, loose_bound: bool = False)
     streaming = 4 * num_reqs * max_seq_len > STREAMING_STORE_BYTES
     num_warps = 4 if num_reqs < FEW_REQS or streaming else 1
     group = min(4096 // block_t, per_group) if max_seq_len <= 1024 else 1
+    # many one-request programs of short requests: the prefix sum first, in uint32, and each block id loaded once
+    many = (group == 1 and num_warps == 1 and num_reqs >= BROADCAST_REQS
+            and BROADCAST_MIN_LEN <= max_seq_len <= BROADCAST_MAX_LEN)
     return ExpandConfig(block_t=block_t, num_warps=num_warps, streaming_stores=streaming, pdl=not streaming,
-                        group=group, prefix_u32=group > 1)
+                        group=group, prefix_u32=group > 1 or many, prefix_first=many, broadcast_blocks=many)
 
 
 def broadcast_applies(broadcast_blocks: bool, K: int) -> bool:
@@ -690,7 +734,7 @@ def _launch_expand(block_table, seq_lens, K, kv_indices, kv_indptr, max_seq_len,
         STORE_CACHE=".cs" if config.streaming_stores else "", CHUNKS_FIRST=chunks_first,
         PREFIX_U32=config.prefix_u32, GROUP=config.group, WIDE_PREFIX=config.wide_prefix,
         SKIP_IDLE=config.skip_idle_prefix, BCAST=broadcast_applies(config.broadcast_blocks, K),
-        num_warps=config.num_warps, **pdl_launch_options(pdl),
+        PREFIX_FIRST=config.prefix_first, num_warps=config.num_warps, **pdl_launch_options(pdl),
     )
 
 
