@@ -87,13 +87,10 @@ def _lean(block_table_ptr, stride, max_blocks, seq_lens_ptr, kv_indptr_ptr, out_
 
 
 def main():
-    dev = common.require_gpu()
+    common.require_gpu()
     out_path = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
-    bt, sl, _ = BE._make_inputs(R, L, K, dev)
-    ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), K)
-    out = torch.empty(N, dtype=torch.int32, device=dev)
-    indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
+    bt, sl, ref_out, ref_indptr, out, indptr = BE.probe_batch(R, L, K)
     ar = torch.arange(N, dtype=torch.int32)
     cfg = E.expand_config(R, L)
     assert (cfg.block_t, cfg.group) == (BLOCK_T, 1), cfg
@@ -105,30 +102,23 @@ def main():
                                     num_warps=cfg.num_warps, launch_pdl=True)
 
     variants = [
-        ("store only", chain(False, False, False, False, False), ar, False),
-        ("prefix, fixed address", chain(True, False, False, False, False), ar, False),
-        ("prefix -> address", chain(True, True, False, False, False), ar, False),
-        ("prefix -> address u32", chain(True, True, True, False, False), ar, False),
-        ("... + kv_indptr", chain(True, True, False, True, False), ar, True),
-        ("... + kv_indptr u32", chain(True, True, True, True, False), ar, True),
-        ("... + gather", chain(True, True, False, True, True), ref_out, True),
-        ("... + gather u32", chain(True, True, True, True, True), ref_out, True),
+        ("store only", chain(False, False, False, False, False), ar, None),
+        ("prefix, fixed address", chain(True, False, False, False, False), ar, None),
+        ("prefix -> address", chain(True, True, False, False, False), ar, None),
+        ("prefix -> address u32", chain(True, True, True, False, False), ar, None),
+        ("... + kv_indptr", chain(True, True, False, True, False), ar, ref_indptr),
+        ("... + kv_indptr u32", chain(True, True, True, True, False), ar, ref_indptr),
+        ("... + gather", chain(True, True, False, True, True), ref_out, ref_indptr),
+        ("... + gather u32", chain(True, True, True, True, True), ref_out, ref_indptr),
         ("lean", lambda: _lean[(L // BLOCK_T, R + 1)](bt, bt.stride(0), bt.shape[1], sl, indptr, out, R, K=K,
                                                        BLOCK_T=BLOCK_T, BLOCK_R=R, num_warps=cfg.num_warps,
-                                                       launch_pdl=True), ref_out, True),
+                                                       launch_pdl=True), ref_out, ref_indptr),
         ("library", lambda: E.expand_page_indices(bt, sl, K, out=out, kv_indptr=indptr, max_seq_len=L,
-                                                  validate=False), ref_out, True),
+                                                  validate=False), ref_out, ref_indptr),
     ]
     rows = []
     for rnd in range(rounds):
-        for label, fn, expect, check_indptr in variants:
-            out.fill_(-1)
-            indptr.fill_(-1)
-            us = common.time_cuda_graph(fn)
-            torch.cuda.synchronize()
-            ok = bool(torch.equal(out.cpu(), expect)) and (
-                not check_indptr or bool(torch.equal(indptr.cpu(), ref_indptr)))
-            rows.append(dict(round=rnd, R=R, L=L, label=label, us=us, agree=ok, num_warps=cfg.num_warps))
+        rows += BE.time_probe_variants(variants, out, indptr, round=rnd, R=R, L=L, num_warps=cfg.num_warps)
     common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_chain_probe.py OUT.json [ROUNDS]",
                                out_path)
 

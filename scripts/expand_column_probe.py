@@ -4,13 +4,14 @@ its prefix loads first and a uint32 sum (PFIRST U32), and with the block ids als
 at the library's own launch parameters (only batches it runs with one request per program and a tight bound).
 With --library, also the library's own kernel with ExpandConfig.prefix_first and prefix_u32 ('lib first u32')
 and with broadcast_blocks too ('lib first u32 bcast': its one-dimensional broadcast of the block ids).
+'library' is expand_config's launch: since the nineteenth session's rule (made from these runs) it takes those
+three switches at batches of 512 or more requests of 257-2048 tokens; the committed runs predate the rule.
 Timed under the benchmark's CUDA-graph replay, interleaved rounds, every output checked against the spec.
 Run on an H200: PYTHONPATH=src python3 scripts/expand_column_probe.py [OUT.json] [ROUNDS] [--library]
 """
 import dataclasses
 import sys
 
-import torch
 import triton
 
 from expand_order_probe import _kernel
@@ -29,7 +30,7 @@ VARIANTS = (("PFIRST U32", False), ("PFIRST BC2D U32", True))
 
 
 def main():
-    dev = common.require_gpu()
+    common.require_gpu()
     library = "--library" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--library"]
     out_path = (args or [None])[0]
@@ -37,13 +38,7 @@ def main():
     rows = []
     for rnd in range(rounds):
         for R, L, K, ragged in CASES:
-            bt, sl, _ = BE._make_inputs(R, L, K, dev, seed=rnd)
-            if ragged:
-                sl = torch.randint(1, L + 1, (R,), device=dev, dtype=torch.int32,
-                                   generator=torch.Generator(device=dev).manual_seed(rnd))
-            ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), K)
-            out = torch.empty(int(ref_indptr[-1]), dtype=torch.int32, device=dev)
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
+            bt, sl, ref_out, ref_indptr, out, indptr = BE.probe_batch(R, L, K, ragged=ragged, seed=rnd)
             cfg = E.expand_config(R, L)
             assert cfg.group == 1, (R, L, cfg)
             block_r = max(32, triton.next_power_of_2(R))
@@ -51,25 +46,20 @@ def main():
             variants = [("library", lambda: E.expand_page_indices(bt, sl, K, out=out, kv_indptr=indptr, max_seq_len=L,
                                                                   validate=False))]
             if library:
-                for label, extra in (("lib first u32", {}), ("lib first u32 bcast", dict(broadcast_blocks=True))):
-                    c2 = dataclasses.replace(cfg, prefix_first=True, prefix_u32=True, **extra)
+                for label, bcast in (("lib first u32", False), ("lib first u32 bcast", True)):
+                    c2 = dataclasses.replace(cfg, prefix_first=True, prefix_u32=True, broadcast_blocks=bcast)
                     variants.append((label, (lambda c2=c2, K=K: E.expand_page_indices(
                         bt, sl, K, out=out, kv_indptr=indptr, max_seq_len=L, validate=False, config=c2))))
             for label, bc2d in VARIANTS:
                 variants.append((label, (lambda bc2d=bc2d, K=K, grid=grid, block_r=block_r, cfg=cfg: _kernel[grid](
                     bt, bt.stride(0), bt.shape[1], sl, indptr, out, K=K, BLOCK_T=cfg.block_t, BLOCK_R=block_r,
                     PFIRST=True, BC2D=bc2d, U32=True, num_warps=cfg.num_warps, launch_pdl=True))))
-            for label, fn in variants:
-                out.fill_(-1)
-                indptr.fill_(-1)
-                us = common.time_cuda_graph(fn)
-                torch.cuda.synchronize()
-                ok = bool(torch.equal(out.cpu(), ref_out)) and bool(torch.equal(indptr.cpu(), ref_indptr))
-                rows.append(dict(round=rnd, R=R, L=L, K=K, ragged=ragged, label=f"{label} K={K}"
-                                 f"{' ragged' if ragged else ''}", us=us, agree=ok, num_warps=cfg.num_warps,
-                                 block_t=cfg.block_t))
-    common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_column_probe.py OUT.json [ROUNDS] [--library]",
-                               out_path)
+            tag = f" K={K}{' ragged' if ragged else ''}"
+            rows += BE.time_probe_variants([(label + tag, fn, ref_out, ref_indptr) for label, fn in variants], out,
+                                           indptr, round=rnd, R=R, L=L, K=K, ragged=ragged, num_warps=cfg.num_warps,
+                                           block_t=cfg.block_t)
+    common.report_probe_rounds(
+        rows, "PYTHONPATH=src python3 scripts/expand_column_probe.py OUT.json [ROUNDS] [--library]", out_path)
 
 
 if __name__ == "__main__":

@@ -67,10 +67,7 @@ def main():
     dev = common.require_gpu()
     out_path = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    bt, sl, _ = BE._make_inputs(R, L, K, dev)
-    ref_out, _ = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), K)
-    out = torch.empty(N, dtype=torch.int32, device=dev)
-    indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
+    bt, sl, ref_out, _, out, indptr = BE.probe_batch(R, L, K)
     g = torch.Generator().manual_seed(1)
     big = torch.randint(0, 4096, (N // BLOCK * 256,), generator=g, dtype=torch.int32)
     hot = big[:256].clone()
@@ -114,12 +111,8 @@ def main():
         variants.append((label, (lambda cfg=cfg: E.expand_page_indices(
             bt, sl, K, out=out, kv_indptr=indptr, max_seq_len=L, validate=False, config=cfg)), ref_out))
     rows = []
-    for rnd in range(rounds):
-        for label, fn, expect in variants:
-            out.fill_(-1)
-            us = common.time_cuda_graph(fn)
-            torch.cuda.synchronize()
-            rows.append(dict(round=rnd, R=R, L=L, label=label, us=us, agree=bool(torch.equal(out.cpu(), expect))))
+    for rnd in range(rounds):  # the output is checked, kv_indptr is not
+        rows += BE.time_probe_variants([(*v, None) for v in variants], out, indptr, round=rnd, R=R, L=L)
     common.report_probe_rounds(rows, "PYTHONPATH=src python3 scripts/expand_hotspot_probe.py OUT.json [ROUNDS]",
                                out_path)
 

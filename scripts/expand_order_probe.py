@@ -84,45 +84,34 @@ PTX = {"ld.global": r"ld\.global", "st.global.v4": r"st\.global(\.\w+)*\.v4", "s
 
 
 def main():
-    dev = common.require_gpu()
+    common.require_gpu()
     out_path = (sys.argv[1:] or [None])[0]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     rows = []
     cases = ((256, 4096, False), (100, 3000, True), (32, 32768, False), (1024, 1000, True))
     for rnd in range(rounds):
         for R, L, ragged in cases:
-            bt, sl, _ = BE._make_inputs(R, L, K, dev, seed=rnd)
-            if ragged:
-                sl = torch.randint(1, L + 1, (R,), device=dev, dtype=torch.int32,
-                                   generator=torch.Generator(device=dev).manual_seed(rnd))
-            ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), K)
-            out = torch.empty(int(ref_indptr[-1]), dtype=torch.int32, device=dev)
-            indptr = torch.empty(R + 1, dtype=torch.int32, device=dev)
+            bt, sl, ref_out, ref_indptr, out, indptr = BE.probe_batch(R, L, K, ragged=ragged, seed=rnd)
             cfg = E.expand_config(R, L)
             block_r = max(32, triton.next_power_of_2(R))
             variants = [("library", lambda: E.expand_page_indices(bt, sl, K, out=out, kv_indptr=indptr, max_seq_len=L,
-                                                                  validate=False), None)]
+                                                                  validate=False), ref_out, ref_indptr)]
+            kernels = {}  # the probe kernel's launches, whose PTX is counted
             for pfirst, bc2d, u32 in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (1, 0, 1), (1, 1, 1)):
                 label = "probe" + "".join(f" {n}" for n, on in (("PFIRST", pfirst), ("BC2D", bc2d), ("U32", u32)) if on)
                 grid = (triton.cdiv(L, cfg.block_t), R)
-                variants.append((label, (lambda pfirst=pfirst, bc2d=bc2d, u32=u32, grid=grid: _kernel[grid](
+                kernels[label] = (lambda pfirst=pfirst, bc2d=bc2d, u32=u32, grid=grid: _kernel[grid](
                     bt, bt.stride(0), bt.shape[1], sl, indptr, out, K=K, BLOCK_T=cfg.block_t, BLOCK_R=block_r,
-                    PFIRST=bool(pfirst), BC2D=bool(bc2d), U32=bool(u32), num_warps=cfg.num_warps, launch_pdl=True)),
-                    "ptx"))
-            for label, fn, want_ptx in variants:
-                out.fill_(-1)
-                indptr.fill_(-1)
-                us = common.time_cuda_graph(fn)
-                torch.cuda.synchronize()
-                ok = bool(torch.equal(out.cpu(), ref_out)) and bool(torch.equal(indptr.cpu(), ref_indptr))
-                row = dict(round=rnd, R=R, L=L, label=label, us=us, agree=ok, block_t=cfg.block_t,
-                           num_warps=cfg.num_warps)
-                if want_ptx and rnd == 0:
-                    k = fn()  # a launch returns the compiled kernel
+                    PFIRST=bool(pfirst), BC2D=bool(bc2d), U32=bool(u32), num_warps=cfg.num_warps, launch_pdl=True))
+                variants.append((label, kernels[label], ref_out, ref_indptr))
+            timed = BE.time_probe_variants(variants, out, indptr, round=rnd, R=R, L=L, block_t=cfg.block_t,
+                                           num_warps=cfg.num_warps)
+            for row in timed if rnd == 0 else ():
+                if row["label"] in kernels:
+                    ptx = kernels[row["label"]]().asm["ptx"]  # a launch returns the compiled kernel
                     torch.cuda.synchronize()
-                    ptx = k.asm["ptx"]
                     row["ptx"] = {n: len(re.findall(p, ptx)) for n, p in PTX.items()}
-                rows.append(row)
+            rows += timed
     for row in rows:
         if "ptx" in row:
             print(row["R"], row["L"], row["label"], row["ptx"])

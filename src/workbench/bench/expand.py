@@ -325,6 +325,39 @@ def probe_case(num_reqs: int, seq_len: int, round_: int, ragged: bool = False, K
     return bt, sl, ref_out, ref_indptr, out, rows
 
 
+def probe_batch(num_reqs: int, seq_len: int, K: int = K_DEFAULT, *, ragged: bool = False, seed: int = 0):
+    """The batch of the in-kernel probes that time their own kernels (``scripts/expand_*_probe.py``): random
+    permuted block ids for ``num_reqs`` requests of ``seq_len`` tokens (``ragged``: lengths drawn uniformly from
+    1..``seq_len`` with ``seed``), the spec's output for it, and an output and a ``kv_indptr`` buffer of its size.
+    Returns ``(block_table, seq_lens, ref_out, ref_indptr, out, indptr)``."""
+    device = require_gpu()
+    bt, sl, _ = _make_inputs(num_reqs, seq_len, K, device, seed=seed)
+    if ragged:
+        sl = torch.randint(1, seq_len + 1, (num_reqs,), device=device, dtype=torch.int32,
+                           generator=torch.Generator(device=device).manual_seed(seed))
+    ref_out, ref_indptr = E.expand_page_indices_ref(bt.cpu(), sl.cpu(), K)
+    out = torch.empty(int(ref_indptr[-1]), dtype=torch.int32, device=device)
+    indptr = torch.empty(num_reqs + 1, dtype=torch.int32, device=device)
+    return bt, sl, ref_out, ref_indptr, out, indptr
+
+
+def time_probe_variants(variants, out: torch.Tensor, indptr: torch.Tensor, **fields: Any) -> list[dict[str, Any]]:
+    """Time each ``(label, fn, want_out, want_indptr)`` of ``variants`` under CUDA-graph replay, with ``out`` and
+    ``indptr`` filled with -1 first, and check what ``fn`` left in them against ``want_out`` and ``want_indptr``
+    (``None``: not checked; ``agree`` is None when neither is). One row per variant: ``fields`` (round, R, L, ...)
+    with ``label``, ``us`` and ``agree``, as :func:`workbench.bench.common.report_probe_rounds` reads them."""
+    rows = []
+    for label, fn, want_out, want_indptr in variants:
+        out.fill_(-1)
+        indptr.fill_(-1)
+        us = time_cuda_graph(fn)
+        torch.cuda.synchronize()
+        checks = [bool(torch.equal(got.cpu(), want)) for got, want in ((out, want_out), (indptr, want_indptr))
+                  if want is not None]
+        rows.append(dict(fields, label=label, us=us, agree=all(checks) if checks else None))
+    return rows
+
+
 def time_expand_variants(num_reqs: int, seq_len: int, width: int, variants, round_: int = 0,
                          K: int = K_DEFAULT, ragged: bool = False) -> list[dict[str, Any]]:
     """The probes' measurement (``scripts/expand_*_probe.py``): one batch of ``num_reqs`` requests of ``seq_len``
