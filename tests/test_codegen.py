@@ -15,7 +15,8 @@ import torch
 
 from workbench import codegen, device, mla
 
-NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "expand_many", "merge",
+NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "expand_many", "expand_many_amd",
+                "merge",
                 "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
@@ -47,6 +48,8 @@ out["expand_bcast"] = {f"{K}/{b}": codegen.expand_kernel_report("sm_90", num_war
                        for K in (16, 2048) for b in (False, True)}
 out["expand_many"] = codegen.expand_kernel_report("sm_90", num_warps=1, pdl=True, broadcast=True, prefix_first=True,
                                                   prefix_u32=True)
+out["expand_many_amd"] = [codegen.expand_kernel_report(a, num_warps=1, broadcast=True, prefix_first=True,
+                                                       prefix_u32=True) for a in ("gfx942", "gfx90a")]
 out["merge"] = [codegen.merge_kernel_report(pdl=p) for p in (True, False)]
 # every (tile, splits loaded at once, warps) the second-kernel merge launches with for 2..32 splits of 65 to 4096 rows
 merge_cfg = mla.TritonConfig(16, 64, 8, 3)
@@ -232,6 +235,9 @@ def test_broadcast_blocks_loads_each_block_id_once(reports):
     many = reports["expand_many"]
     assert many["has_wait"] and many["global_reads_before_wait"] == 0 and many["global_writes_before_wait"] == 0
     assert many["launch_dependents_after_wait"] and many["global_loads"] == r["16/True"]["global_loads"], many
+    # and it compiles for MI300X and MI250X, where vLLM's AITER MLA runs, in a few KB of LDS
+    assert [a["arch"] for a in reports["expand_many_amd"]] == ["gfx942", "gfx90a"]
+    assert all(0 < a["shared"] <= 16384 for a in reports["expand_many_amd"]), reports["expand_many_amd"]
 
 
 def test_pdl_decode_kernels_read_nothing_before_their_wait(reports):

@@ -759,6 +759,29 @@ def test_committed_chain_probe_backs_chapter_2():
     assert everything["library"]["lo"] > 2.0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: the probes' timing needs CUDA graphs")
+def test_probe_helpers_check_what_each_variant_left():
+    # bench.expand.probe_batch and time_probe_variants (the expansion probes' batch and timing loop): a variant is
+    # judged by what it left in out and kv_indptr, each buffer reset to -1 before it, and unchecked stays None
+    from workbench.bench import expand as B
+
+    bt, sl, ref_out, ref_indptr, out, indptr = B.probe_batch(5, 300, 16, ragged=True, seed=3)
+    assert 1 <= int(sl.min()) and int(sl.max()) <= 300 and out.numel() == int(sl.sum()) == int(ref_indptr[-1])
+
+    def library():
+        E.expand_page_indices(bt, sl, 16, out=out, kv_indptr=indptr, max_seq_len=300, validate=False)
+
+    def out_only():  # leaves kv_indptr at the -1 it was reset to
+        out.fill_(0)
+
+    rows = B.time_probe_variants([("right", library, ref_out, ref_indptr), ("wrong", library, ref_out + 1, None),
+                                  ("no kv_indptr", out_only, None, ref_indptr), ("unchecked", library, None, None)],
+                                 out, indptr, round=2, R=5, L=300)
+    assert [r["agree"] for r in rows] == [True, False, False, None]
+    assert all(r["us"] > 0 and (r["round"], r["R"], r["L"]) == (2, 5, 300) for r in rows)
+
+
 def test_bench_cli_without_gpu_says_why(capsys):
     from workbench import cli
 

@@ -146,13 +146,15 @@ for arch in ("sm_80", "sm_89", "sm_100"):
         cfg = mla.triton_config(rows, dt[dtype], tokens, backend="cuda", gluon=False)
         out.append(dict(codegen.shared_memory_fit(cfg, arch, dtype=dtype), rows=rows, dtype=dtype, tokens=tokens,
                         chosen=cfg.label))
-# the rest of the pipeline as the library launches it there: the expansion (one-warp and 4-warp launches) and the
-# second-kernel merge, with PDL from sm_90 on
+# the rest of the pipeline as the library launches it there: the expansion (one-warp and 4-warp launches, and the
+# one-warp launch for many short requests) and the second-kernel merge, with PDL from sm_90 on
 rest = []
 for arch in ("sm_80", "sm_89", "sm_100", "sm_120"):
     pdl = arch != "sm_80" and arch != "sm_89"
     for warps in (1, 4):
         rest.append(dict(codegen.expand_kernel_report(arch, num_warps=warps, pdl=pdl), kernel="expand", warps=warps))
+    rest.append(dict(codegen.expand_kernel_report(arch, num_warps=1, pdl=pdl, broadcast=True, prefix_first=True,
+                                                  prefix_u32=True), kernel="expand many", warps=1))
     rest.append(dict(codegen.merge_kernel_report(pdl=pdl, arch=arch), kernel="merge"))
 print(json.dumps(dict(fits=out, rest=rest)))
 """ % (FIT_CASES,)
@@ -174,10 +176,12 @@ def test_expansion_and_merge_compile_for_other_nvidia_gpus(compiled):
     memory, and with PDL read nothing before the wait (the kernel before may write what they read)."""
     rest = compiled["rest"]
     assert {(r["arch"], r["kernel"]) for r in rest} == {(a, k) for a in ("sm_80", "sm_89", "sm_100", "sm_120")
-                                                        for k in ("expand", "merge")}
+                                                        for k in ("expand", "expand many", "merge")}
     for r in rest:
         if r["kernel"] == "expand":
             assert r["shared"] <= 16 * 1024 and r["barriers_before_first_store"] == 0, r
+        if r["kernel"] == "expand many":  # its broadcast block ids reach the store layout through shared memory
+            assert r["shared"] <= 16 * 1024, r
         pdl_launched = r["arch"] in ("sm_100", "sm_120")
         assert r["has_wait"] is pdl_launched, r
         if pdl_launched:
