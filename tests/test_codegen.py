@@ -16,8 +16,7 @@ import torch
 from workbench import codegen, device, mla
 
 NOT_DEFAULTS = ("old", "amd", "expand", "expand_pdl", "expand_group", "expand_bcast", "expand_many", "expand_many_amd",
-                "merge",
-                "meta_before_wait", "no_pdl_split", "gluon",
+                "merge", "meta_before_wait", "no_pdl_split", "gluon",
                 "gluon_cluster", "gluon_ws", "merge_tiles", "spin_split", "spin_merge", "gluon_tma", "tma_split",
                 "gluon_32x4", "gluon_cst", "gluon_ws_cst", "pbw", "gluon_swap", "gluon_swap_trace",
                 "gluon_ws_handoff", "gluon_ws_loader", "gluon_ws_split_merge", "gluon_ws_ia")

@@ -1111,18 +1111,21 @@ def explore(out: str, phase: str = "time", round_: int = 2, log=print) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def find_point(results: list[dict], heads: int, qlen: int, batch: int, context: int) -> dict | None:
+    """The result row of one (heads, qlen, batch, context) point of a decode run, or None if it was not measured."""
+    key = (heads, qlen, batch, context)
+    return next((r for r in results if (r["heads"], r["qlen"], r["batch"], r["context"]) == key), None)
+
+
 def evaluate_bars(results: list[dict], copy_gb_s: float,
                   paired: dict[str, list[dict[str, Any]]] | None = None) -> list[dict]:
     """Each bar with its measured value, target and PASS/MISS (MISS when the point was not measured).
 
     A ratio bar with rounds in ``paired`` (bar name -> :func:`ratio_rounds`) takes the median of the per-round
     ratios as its value and keeps the rounds, their range and the sweep's own ratio (``sweep_value``)."""
-    def find(h, q, b, l):
-        return next((r for r in results if (r["heads"], r["qlen"], r["batch"], r["context"]) == (h, q, b, l)), None)
-
     out = []
     for bar in BARS:
-        r = find(bar.heads, bar.qlen, bar.batch, bar.context)
+        r = find_point(results, bar.heads, bar.qlen, bar.batch, bar.context)
         value, extra = None, {}
         if r is not None:
             if bar.kind == "kv_fraction_of_copy":
@@ -1132,7 +1135,7 @@ def evaluate_bars(results: list[dict], copy_gb_s: float,
             elif bar.kind == "tflops":
                 value = r["tflops"]
             elif bar.kind == "qlen_time_ratio":
-                base = find(bar.heads, 1, bar.batch, bar.context)
+                base = find_point(results, bar.heads, 1, bar.batch, bar.context)
                 value = r["triton_us"] / base["triton_us"] if base else None
         if bar.kind == "qlen_time_ratio" and paired and paired.get(bar.name):
             ratios = [x["ratio"] for x in paired[bar.name]]

@@ -635,7 +635,7 @@ def probe_ranges(runs: list[dict[str, Any]], num_reqs: int, seq_len: int, *,
         raise ValueError(f"over={over!r}: no row of {num_reqs} x {seq_len} has that label")
     out: dict[str, dict[str, Any]] = {}
     diffs: dict[str, list[float]] = {}
-    for i, run in enumerate(runs):
+    for run in runs:
         rows = [r for r in run["rows"] if (r["R"], r["L"]) == (num_reqs, seq_len)]
         ref = {r["round"]: r["us"] for r in rows if r["label"] == over}
         for r in rows:

@@ -46,9 +46,9 @@ class BarRow:
 
 
 def _point(data: dict[str, Any], heads: int, qlen: int, batch: int, context: int) -> dict[str, Any]:
-    for r in data["results"]:
-        if (r["heads"], r["qlen"], r["batch"], r["context"]) == (heads, qlen, batch, context):
-            return r
+    r = bench_decode.find_point(data["results"], heads, qlen, batch, context)
+    if r is not None:
+        return r
     raise ValueError(f"the decode results have no point heads={heads} qlen={qlen} batch={batch} context={context}: "
                      "is the file the output of a full `workbench bench decode` run?")
 
