@@ -1,4 +1,10 @@
-"""Shared fixtures.
+"""Shared fixtures, and the one place where tests that need hardware are skipped.
+
+Markers (declared in pyproject.toml), applied here instead of per-test ``skipif`` stacks:
+
+* ``gpu``: needs a CUDA or ROCm GPU with compiled Triton kernels; skipped with that reason elsewhere;
+* ``hopper``: needs an NVIDIA Hopper GPU (compute capability 9.x) where the Gluon kernels run;
+* ``interpreter``: checks behaviour of the Triton interpreter or the CPU paths; skipped on a GPU machine.
 
 ``viz``: the figure module, or a skip with the reason when plotly is missing (the GPU machine's image
 has torch and triton but no plotly, and the GPU-only tests run there). ``run_compiled``: runs a script with
@@ -16,7 +22,25 @@ import sys
 
 import pytest
 
+from workbench import device
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_ON_GPU = device.on_gpu()
+_SKIPS = {
+    "gpu": (not _ON_GPU, "needs a CUDA or ROCm GPU (compiled Triton kernels); this machine has none"),
+    "hopper": (not device.gluon_available(),
+               "needs an NVIDIA Hopper GPU (compute capability 9.x) and Triton with Gluon"),
+    "interpreter": (_ON_GPU, "checks the Triton interpreter or the CPU path; this machine has a GPU"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name, (skip, reason) in _SKIPS.items():
+            if skip and item.get_closest_marker(name) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
 
 def _run_compiled(script: str, timeout: int = 600):

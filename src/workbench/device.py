@@ -35,6 +35,7 @@ __all__ = [
     "compiled_nvidia",
     "default_device",
     "describe",
+    "gluon_available",
     "hopper",
     "interpreter_active",
     "max_shared_memory",
@@ -144,6 +145,21 @@ def hopper(dev: torch.device) -> bool:
     return compiled_nvidia(dev) and torch.cuda.get_device_capability(dev)[0] == 9
 
 
+GLUON_MIN_TRITON = (3, 6)  # Gluon is experimental; its API before 3.6 differs from the one the kernels use
+
+
+def gluon_available() -> bool:
+    """The Gluon split kernels can run here: compiled Triton of version :data:`GLUON_MIN_TRITON` or newer on an
+    NVIDIA Hopper GPU (:func:`hopper`: they are written with ``wgmma``, so a B200 gets the Triton kernels)."""
+    import triton
+
+    try:
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return version >= GLUON_MIN_TRITON and torch.cuda.is_available() and hopper(torch.device("cuda"))
+
+
 HOPPER_SHARED_MEMORY = 232_448  # bytes of shared memory one program may use on an H100/H200 (227 KB, opt-in)
 
 
@@ -234,12 +250,10 @@ def describe() -> str:
     mode = "Triton interpreter (TRITON_INTERPRET=1; fp16/fp32 only)" if interpreter_active() \
         else "compiled Triton kernels"
     if p.kind == "cuda" and not interpreter_active():
-        from workbench import mla  # here, not at the top: mla imports this module
-
         dev = torch.device("cuda")
-        decode = ("the Gluon kernels (Hopper)" if mla.gluon_available()
+        decode = ("the Gluon kernels (Hopper)" if gluon_available()
                   else "the Triton tiles (the Gluon kernels need Hopper and Triton >= "
-                  f"{'.'.join(map(str, mla.GLUON_MIN_TRITON))})")
+                  f"{'.'.join(map(str, GLUON_MIN_TRITON))})")
         mode += f"; MLA decode: {decode}, {max_shared_memory(dev) // 1024} KB of shared memory per program"
     lines = [
         f"device : {where}",

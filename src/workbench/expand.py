@@ -4,8 +4,8 @@ aiter's MLA decode addresses the KV cache with page_size 1 (vLLM views the cache
 ``[num_blocks * K, 1, 1, 576]``), so block-table entries become per-token row indices:
 block ``b`` with kernel block size ``K`` covers rows ``b*K .. b*K+K-1``.
 
-``DecodeMetadata`` is defined here (the builder that fills it lives here too) and re-exported by
-``workbench.metadata``, which adds aiter-style persistent scheduling on top.
+:class:`~workbench.decode_metadata.DecodeMetadata` (defined in its own module) is built here and re-exported;
+``workbench.metadata`` adds aiter-style persistent scheduling on top.
 
 Contents, in the order the chapter introduces them:
 
@@ -28,6 +28,7 @@ import triton.language as tl
 
 from workbench import blocksize as _blocksize
 from workbench import device as _device
+from workbench.decode_metadata import DecodeMetadata
 
 __all__ = [
     "AITER_OFFSET_WINDOW_BYTES",
@@ -58,35 +59,6 @@ def rows_before_offset_wrap(kv_bytes_per_elem: int = 2, row_width: int = 576) ->
     :data:`INT32_MAX`: the int32 ``kv_indices`` are not the binding limit, the byte offset is.
     """
     return AITER_OFFSET_WINDOW_BYTES // (row_width * kv_bytes_per_elem)
-
-
-@dataclasses.dataclass
-class DecodeMetadata:
-    """Everything an aiter-style MLA decode call needs for one step, in aiter's names.
-
-    Attributes:
-        qo_indptr: ``(num_reqs + 1,) int32``, cumulative query lengths (``query_start_loc``).
-        kv_indptr: ``(num_reqs + 1,) int32``, cumulative KV lengths in tokens.
-        kv_indices: ``(sum(seq_lens),) int32``, flat token rows of the page_size-1 cache view.
-        kv_last_page_lens: ``(num_reqs,) int32``, all ones (every "page" holds one token).
-        max_qo_len: largest query length of the step (a host-side int; no device sync).
-        has_persistent_metadata: True when this step's persistent-scheduling buffers were computed
-            (only for steps whose every query length is 1). It lives on the metadata, not on the
-            builder, so that one step's choice cannot leak into another step (the PR's review fix).
-        persistent: the persistent work buffers (``workbench.metadata``'s schedule), or ``None``.
-    """
-
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    kv_last_page_lens: torch.Tensor
-    max_qo_len: int
-    has_persistent_metadata: bool = False
-    persistent: Any = None
-
-    @property
-    def num_reqs(self) -> int:
-        return self.qo_indptr.numel() - 1
 
 
 # --------------------------------------------------------------------------------------------

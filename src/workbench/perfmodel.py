@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.qlen import is_pow2, next_pow2
+from workbench.pow2 import is_pow2, next_pow2
 
 __all__ = [
     "AITER_2720_RATES",

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from workbench import device, mla
+from workbench.pow2 import check_count as _check_count, is_pow2, next_pow2, safe_num_spec_tokens
 from workbench.expand import DecodeMetadata, build_flat_decode_metadata, expand_page_indices_ref
 
 __all__ = [
@@ -84,38 +85,6 @@ __all__ = [
 FAULT_BACKEND = "aiter-pow2-fault"
 BACKENDS = tuple(mla.BACKENDS) + (FAULT_BACKEND,)  # ("auto", "triton", "torch", "aiter", "aiter-pow2-fault")
 VERDICTS = ("ok", "broadcast-fault", "wrong")
-
-
-# ----------------------------------------------------------------------------------------------
-# 1. Powers of two
-# ----------------------------------------------------------------------------------------------
-
-
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} is {value!r}; it must be an int >= {minimum}")
-    return value
-
-
-def is_pow2(n: int) -> bool:
-    """True when ``n`` (an int >= 1) is a power of two: 1, 2, 4, 8, 16, ..."""
-    _check_count("n", n, 1)
-    return n & (n - 1) == 0
-
-
-def next_pow2(n: int) -> int:
-    """The smallest power of two >= ``n`` (an int >= 1): 1 -> 1, 3 -> 4, 6 -> 8, 9 -> 16."""
-    _check_count("n", n, 1)
-    return 1 << (n - 1).bit_length()
-
-
-def safe_num_spec_tokens(max_k: int) -> list[int]:
-    """Draft lengths ``k`` in ``1..max_k`` whose verification length ``k + 1`` is a power of two.
-
-    These are the ``num_speculative_tokens`` values that never hit aiter #2720: 1, 3, 7, 15, ...
-    """
-    _check_count("max_k", max_k, 0)
-    return [k for k in range(1, max_k + 1) if is_pow2(k + 1)]
 
 
 # ----------------------------------------------------------------------------------------------
