@@ -279,6 +279,21 @@ def test_catalog_table_is_generated_from_the_catalog():
     assert "was 1 (PR #39616)" in bs.catalog_table("0.20") and "new in 0.20" in bs.catalog_table("0.20")
 
 
+def test_declaration_tables_are_well_formed():
+    from workbench.blocksize import declarations as decl
+
+    assert bs.VLLM_VERSIONS == tuple(decl.DECLARED) and set(decl.PREFERRED) <= set(decl.DECLARED)
+    assert set(decl.CHANGED_BY) <= set(bs.VLLM_VERSIONS[1:])  # a change is against the release before
+    for version, rows in decl.DECLARED.items():
+        names = [row[0] for row in rows]
+        assert len(names) == len(set(names)), version
+        for name, sizes, kind, path, platform, reported, note in rows:
+            assert name == name.upper() and bs.parse_sizes(sizes), (version, name)
+            assert kind in ("mla", "full") and platform in ("cuda", "rocm", "cpu", "any"), (version, name)
+            assert path.count(".") >= 1 and reported != name, (version, name)
+        assert set(decl.PREFERRED.get(version, {})) <= set(names), version
+
+
 def test_installed_reader_never_fails():
     reading = bs.read_installed_backends()
     from workbench import device
@@ -509,6 +524,22 @@ def test_cli_catalog(capsys):
     assert main(["catalog", "--vllm", "0.19"]) == 0
     assert "becomes %1 (PR #39616)" in capsys.readouterr().out
     assert main(["catalog", "--vllm", "nope"]) == 2
+
+
+def test_python_dash_m_blocksize_is_the_oracle_entry_point():
+    """ask_real_vllm runs ``python -m workbench.blocksize --oracle``; without --oracle it prints its usage."""
+    proc = subprocess.run([sys.executable, "-m", "workbench.blocksize"], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=120)
+    assert proc.returncode == 2 and proc.stdout.startswith("usage: python -m workbench.blocksize --oracle")
+
+
+def test_vllm_python_looks_in_this_repository(monkeypatch):
+    monkeypatch.delenv("WB_VLLM_PYTHON", raising=False)
+    python, reason = bs.vllm_python()
+    if python is None:
+        assert str(REPO / ".venv-vllm") in reason
+    else:
+        assert python in (sys.executable, str(REPO / ".venv-vllm" / "bin" / "python")), (python, reason)
 
 
 @pytest.mark.parametrize("args, code, expect", [

@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from workbench import blocksize
 
-VERSIONS = ("0.19", "0.20")
+VERSIONS = ("0.19", "0.20")  # the two panels: before and after PR #39616
 _COLORSCALE = [[0.0, "#d62728"], [0.333, "#d62728"], [0.334, "#ffb000"], [0.666, "#ffb000"],
                [0.667, "#2ca02c"], [1.0, "#2ca02c"]]
 _LEGEND = ("rows: target backend · columns: Eagle3 draft backend · cell: kernel block size<br>"
