@@ -25,7 +25,7 @@ import torch
 
 import workbench  # noqa: F401  (sets TRITON_INTERPRET on CPU before kernels import)
 from workbench import cli, device, mla, perfmodel, qlen
-from workbench.expand import DecodeMetadata
+from workbench.decode_metadata import DecodeMetadata
 
 D = mla.QK_HEAD_DIM
 ON_GPU = device.on_gpu()

@@ -7,7 +7,7 @@
 * :func:`padding_cost_figure`: the cost model of padding the verification to the next power of two
   (:func:`workbench.perfmodel.padding_cost_rows`);
 * :func:`measured_padding_figure`: the same overhead measured on an H200 with the Triton kernel
-  (:func:`workbench.perfmodel.measured_padding_overhead`, from the committed decode benchmark).
+  (:func:`workbench.perfmodel.measured_padding_overhead`, from the decode benchmark in ``workbench/data``).
 
 Everything is deterministic: the inputs are seeded reports and formulas.
 """
