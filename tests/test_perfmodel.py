@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import types
+
 import pytest
 
 from workbench import perfmodel
@@ -16,7 +20,7 @@ def test_bytes_and_flops_by_hand():
 
 @pytest.mark.parametrize("heads,qlen", [(16, 1), (16, 8), (128, 1), (128, 4)])
 def test_intensity_is_about_1_89_h_qlen_at_long_context(heads, qlen):
-    # CONTEXT.md section 4: ~1.89 * H * qlen FLOP/byte for bf16 KV (the q/out bytes vanish at long context)
+    # ~1.89 * H * qlen FLOP/byte for bf16 KV (the q/out bytes vanish at long context)
     ai = perfmodel.mla_decode_intensity(heads, qlen, context=1 << 20)
     assert ai == pytest.approx(2 * (576 + 512) / (576 * 2) * heads * qlen, rel=1e-3)
     assert ai == pytest.approx(1.89 * heads * qlen, rel=0.01)
@@ -39,6 +43,22 @@ def test_bad_input_named(bad):
         perfmodel.mla_decode_bytes(16, 1, bad)
 
 
+def test_package_reexports_every_public_name_and_imports_no_kernel_module():
+    from workbench.perfmodel import acceptance, measured, published, roofline, spec, target
+
+    for mod in (acceptance, measured, published, roofline, spec, target):
+        public = [n for n, v in vars(mod).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)
+                  and getattr(v, "__module__", mod.__name__) in (mod.__name__, "builtins")]
+        for name in public:
+            assert name in perfmodel.__all__ and getattr(perfmodel, name) is getattr(mod, name), (mod.__name__, name)
+    assert perfmodel.DATA_DIR.name == "data" and perfmodel.DATA_DIR.parent.name == "workbench"
+    # the model is pure Python and numpy: importing it must load neither Triton nor a kernel module
+    code = ("import sys, workbench.perfmodel; print([m for m in sys.modules if m.startswith("
+            "('triton', 'workbench.mla', 'workbench.qlen', 'workbench.expand'))])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 # ================================================================================================
 # Chapter 6: acceptance, step model, calibration on the no-speculation column only, choice of k
 # ================================================================================================
@@ -59,7 +79,7 @@ def _instant_deployment(**kw):
 
 def test_expected_tokens_from_rates_by_hand():
     assert P.expected_tokens_per_step(RATES) == pytest.approx(1 + 0.730 + 0.609 + 0.537 + 0.493 + 0.457 + 0.408 + 0.394)
-    assert P.expected_tokens_per_step(RATES) == pytest.approx(4.628)  # CONTEXT.md section 4: 4.63
+    assert P.expected_tokens_per_step(RATES) == pytest.approx(4.628)  # 4.63 tokens per step at k = 7
     assert P.expected_tokens_per_step(RATES, 3) == pytest.approx(1 + 0.730 + 0.609 + 0.537)
     assert P.expected_tokens_per_step(RATES, 0) == 1.0
     assert P.expected_tokens_per_step([]) == 1.0
@@ -209,7 +229,8 @@ def test_calibration_receives_exactly_the_no_spec_column(monkeypatch, law):
         seen.append((tuple(concurrency), tuple(no_spec_tok_s_per_gpu)))
         return real(concurrency, no_spec_tok_s_per_gpu, **kw)
 
-    monkeypatch.setattr(P, "fit_target_step", spy)
+    # patch the name where predict_published looks it up (its own submodule), not the package's re-export
+    monkeypatch.setattr(sys.modules[P.predict_published.__module__], "fit_target_step", spy)
     P.predict_published(law=law)
     table = P.BLOG_MI355X_KIMI
     assert seen == [(table.concurrency, table.no_spec)]

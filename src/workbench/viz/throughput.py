@@ -7,7 +7,7 @@
 * :func:`spec_explorer`: the same model with a precomputed slider (acceptance, ``k``, draft cost or
   concurrency) for the static site; :func:`throughput_widget` is the live ipywidgets version for JupyterLab;
 * :func:`verify_trend_figure`: verify cost per accepted token at 1K and 8K context;
-* :func:`expansion_figure`: the index expansion per step beside the decode it feeds.
+* :func:`expansion_per_step_figure`: the index expansion per step beside the decode it feeds.
 
 Everything is computed here from the model; sliders only swap precomputed arrays in the browser.
 """
