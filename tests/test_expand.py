@@ -8,10 +8,9 @@ On CPU the kernels run under the Triton interpreter, so sizes stay small.
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import json
 import random
-from importlib import resources
 
 import pytest
 import torch
@@ -25,6 +24,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 import workbench  # noqa: F401  (sets TRITON_INTERPRET on CPU before kernels import)
 from workbench import device
 from workbench import expand as E
+from workbench.expand import kernel as EK
+from workbench.expand import policy as P  # the thresholds live (and are patched) here
 
 DEV = device.default_device() if device.on_gpu() else torch.device("cpu")
 SENTINEL = -7_777_777
@@ -79,16 +80,12 @@ CONFIGS = {
     "chunk16": E.ExpandConfig(block_t=16),
     "chunk32-stride2": E.ExpandConfig(block_t=32, max_chunk_programs=2),
     "chunk64-8warps-streaming": E.ExpandConfig(block_t=64, num_warps=8, streaming_stores=True),
-    "chunk16-requests-first": E.ExpandConfig(block_t=16, chunks_first=False),
     "chunk16-prefix-u32": E.ExpandConfig(block_t=16, prefix_u32=True),
     # several requests per program, a (group, block_t) tile: rows of different lengths in one tile, groups that
     # run past the last request, and chunks the tile strides over when a request is longer than block_t
     "group4-chunk16": E.ExpandConfig(block_t=16, group=4),
     "group8-chunk32-stride2-u32": E.ExpandConfig(block_t=32, group=8, max_chunk_programs=2, prefix_u32=True),
-    "group2-chunk16-requests-first": E.ExpandConfig(block_t=16, group=2, chunks_first=False),
-    # the prefix sum in a wide accumulator, 16-byte loads and a tail of at most 3 (one-warp programs)
-    "chunk16-1warp-wide": E.ExpandConfig(block_t=16, num_warps=1, wide_prefix=True),
-    "group4-chunk16-wide-u32": E.ExpandConfig(block_t=16, num_warps=1, group=4, wide_prefix=True, prefix_u32=True),
+    "group2-chunk16": E.ExpandConfig(block_t=16, group=2),
     # one load per block id, broadcast over a (block_t // K, K) tile: K below, at and above the chunk width
     "chunk16-bcast": E.ExpandConfig(block_t=16, broadcast_blocks=True),
     "chunk32-stride2-1warp-bcast": E.ExpandConfig(block_t=32, max_chunk_programs=2, num_warps=1, broadcast_blocks=True),
@@ -148,22 +145,22 @@ def test_full_rows_are_never_read_past_their_end(K):
 
 
 @pytest.mark.parametrize("config", ["chunk16", "chunk16-prefix-u32", "group4-chunk16", "group8-chunk32-stride2-u32",
-                                    "chunk16-1warp-wide", "group4-chunk16-wide-u32"])
-def test_prefix_sum_over_several_steps(config):
-    # More requests than seq_lens summed per step (1024 by default; 32, the least, here): the prefix sum loops,
+                                    "chunk32-stride2-1warp-bcast-first-u32"])
+def test_prefix_sum_over_several_steps(monkeypatch, config):
+    # More requests than seq_lens summed per step (PREFIX_BLOCK; 32, the least, here): the prefix sum loops,
     # three steps for the last requests.
+    monkeypatch.setattr(P, "PREFIX_BLOCK", 32)
     rng = random.Random(11)
     lens = [rng.randint(0, 40) for _ in range(77)]
     block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=11)
-    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks,
-                       config=dataclasses.replace(CONFIGS[config], prefix_block=32))
+    check_against_spec(block_table, seq_lens, 16, num_blocks=num_blocks, config=CONFIGS[config])
 
 
-@pytest.mark.parametrize("config", ["chunk16", "group2-chunk16-requests-first", "group4-chunk16"])
+@pytest.mark.parametrize("config", ["chunk16", "group2-chunk16", "group4-chunk16"])
 def test_more_requests_than_grid_axis_1_allows(monkeypatch, config):
     # Chunks-first puts requests (or groups of them) on grid axis 1 (65535 at most on a GPU; 2 here): beyond
     # that the launch falls back to requests first, with the same result (group 4: 2 groups, no fallback).
-    monkeypatch.setattr(E, "GRID_AXIS1_MAX", 2)
+    monkeypatch.setattr(EK, "GRID_AXIS1_MAX", 2)
     block_table, seq_lens, num_blocks = make_batch([17, 0, 40, 5, 33], 4, seed=12)
     check_against_spec(block_table, seq_lens, 4, num_blocks=num_blocks, config=CONFIGS[config])
 
@@ -431,7 +428,7 @@ def test_opt_out_skips_value_checks_but_not_structure():
         E.expand_page_indices(_bt([1, 2]), torch.tensor([1.0]), 16, validate=False)
 
 
-@pytest.mark.skipif(device.on_gpu(), reason="checks the interpreter's device rule (CPU only)")
+@pytest.mark.interpreter
 def test_interpreter_refuses_non_cpu_tensors():
     bt = torch.ones((1, 2), dtype=torch.int32, device="meta")
     sl = torch.ones(1, dtype=torch.int32, device="meta")
@@ -440,70 +437,103 @@ def test_interpreter_refuses_non_cpu_tensors():
                               kv_indptr=torch.empty(2, dtype=torch.int32, device="meta"), max_seq_len=4, validate=False)
 
 
-def test_expand_config_rule():
-    """The launch rule of expand_config (chosen from the eighth session's H200 sweep; the numbers are in its
-    docstring): 4 warps for few requests and for streaming outputs, 1 warp otherwise; chunks of
-    next_pow2(max_seq_len) up to 1024; request groups only for many short requests."""
-    few, mid, big = E.expand_config(1, 97_000), E.expand_config(256, 4_096), E.expand_config(512, 131_072)
-    assert (few.num_warps, few.block_t, few.group, few.pdl) == (4, 1024, 1, True)
-    assert (mid.num_warps, mid.block_t, mid.group, mid.prefix_u32) == (1, 1024, 1, False)
-    assert (big.num_warps, big.group, big.streaming_stores, big.pdl) == (4, 1, True, False)
-    assert E.expand_config(1000, 300).block_t == 512 and E.expand_config(3, 0).block_t == 16
-    for R in (2 * E.GROUP_PROGRAMS, 4 * E.GROUP_PROGRAMS - 1):  # groups of 2 never pay: none below 4 per group
-        assert E.expand_config(R, 100).group == 1
-    assert E.expand_config(100_000, 4_096).group == 1  # long requests keep the 16-byte vector stores
-    for R, L, g in ((2048, 200, 4), (4096, 100, 8), (4096, 999, 4), (8192, 64, 16), (16_384, 32, 32)):
-        cfg = E.expand_config(R, L)
-        assert cfg.group == g and cfg.num_warps == 1 and cfg.group * cfg.block_t <= 4096, (R, L, cfg)
-        assert cfg.prefix_u32, (R, L, cfg)  # the uint32 prefix sum with groups
-        assert not (cfg.prefix_first or cfg.broadcast_blocks), (R, L, cfg)  # one-request programs only
-        assert cfg.block_t >= L and R // cfg.group >= E.GROUP_PROGRAMS, (R, L, cfg)
-        assert R // cfg.group < 2 * E.GROUP_PROGRAMS or cfg.group * cfg.block_t == 4096, (R, L, cfg)  # tile cap
+# ----------------------------------------------------------------------------------------------
+# the tuned table and every launch expand_config can choose
+# ----------------------------------------------------------------------------------------------
 
 
-def test_expand_config_many_short_requests_rule():
-    """From BROADCAST_REQS one-request programs (one warp, no groups, tight bound) whose max_seq_len lies in
-    BROADCAST_MIN_LEN..BROADCAST_MAX_LEN: prefix_first, prefix_u32 and broadcast_blocks together (nineteenth
-    session, numbers in the docstring); off below that many requests, outside those lengths, with 4 warps, with
-    groups and with a loose bound."""
-    def three(cfg):
-        return (cfg.prefix_first, cfg.prefix_u32, cfg.broadcast_blocks)
-
-    n, low, top = E.BROADCAST_REQS, E.BROADCAST_MIN_LEN, E.BROADCAST_MAX_LEN
-    assert E.expand_config(n, low).block_t == 512  # the rule starts where chunks reach 512 tokens
-    for R, L in ((n, 1024), (1024, 1000), (1536, 700), (1000, 300), (n, top), (4096, top), (2 * n - 1, low)):
-        cfg = E.expand_config(R, L)
-        assert (cfg.group, cfg.num_warps) == (1, 1) and three(cfg) == (True, True, True), (R, L, cfg)
-    for R, L in ((n - 1, 1000), (256, 4096), (n, top + 1), (1536, 3000), (1024, 4096), (1, 97_000), (n, 16),
-                 (600, 100), (2047, low - 1)):
-        assert three(E.expand_config(R, L)) == (False, False, False), (R, L)
-    assert E.expand_config(4 * E.GROUP_PROGRAMS, 1000).group > 1  # groups take over: their own rule
-    assert three(E.expand_config(4 * E.GROUP_PROGRAMS, 1000))[::2] == (False, False)
-    assert three(E.expand_config(1024, 1000, loose_bound=True))[::2] == (False, False)
+def test_tuned_table_is_well_formed():
+    table = json.loads(P.TUNED_TABLE.read_text())
+    assert "benchmarks/expand.py --tune" in table["generated_by"] and table["device"] == "NVIDIA H200"
+    assert P.load_tuned() == table["thresholds"] and set(table["thresholds"]) == set(P.TUNED_THRESHOLDS)
+    for name, value in table["thresholds"].items():  # the policy's constants are the table's values
+        assert getattr(P, name.upper()) == getattr(E, name.upper()) == value, name
 
 
-def test_expand_config_loose_bound_rule():
-    """expand_config(loose_bound=True): about LOOSE_PROGRAM_BUDGET programs in all whatever the bound (chunk
-    programs capped; they stride), one warp from FEW_REQS requests, request groups for big batches even with long
-    bounds, PDL on and no streaming stores (the output size is unknown). The numbers are in its docstring."""
-    budget = E.LOOSE_PROGRAM_BUDGET
-    for R, bound in ((1, 131_072), (32, 131_072), (256, 131_072), (256, 32_768), (1024, 131_072), (1024, 1000),
-                     (16_384, 131_072), (3, 0)):
-        cfg = E.expand_config(R, bound, loose_bound=True)
-        groups = -(-R // cfg.group)
-        assert cfg.max_chunk_programs == max(1, budget // groups), (R, bound, cfg)
-        assert cfg.pdl and not cfg.streaming_stores, (R, bound, cfg)
-        assert cfg.num_warps == (4 if R < E.FEW_REQS else 1), (R, bound, cfg)
-        assert cfg.group * cfg.block_t <= max(4096, E.expand_config(R, bound).block_t), (R, bound, cfg)
-        if cfg.group == 1:
-            assert cfg.block_t == E.expand_config(R, bound).block_t, (R, bound, cfg)
-    assert E.expand_config(1, 131_072, loose_bound=True).max_chunk_programs >= 97_000 // 1024  # 1 x 97k keeps 95
-    for R, g in ((2048, 4), (4096, 8), (8192, 16), (16_384, 32), (100_000, 32)):  # as for short requests, <= 32
-        cfg = E.expand_config(R, 131_072, loose_bound=True)
-        assert (cfg.group, cfg.block_t, cfg.prefix_u32) == (g, 4096 // g, True), (R, cfg)
-        assert cfg.max_chunk_programs == max(1, budget // -(-R // g)), (R, cfg)
-    assert E.expand_config(4 * E.GROUP_PROGRAMS, 64, loose_bound=True).block_t == 64  # a short bound stays
-    assert E.expand_config(4 * E.GROUP_PROGRAMS - 1, 131_072, loose_bound=True).group == 1
+@pytest.mark.parametrize("change, match", [
+    ({"prefix_block": 1000}, r"thresholds\['prefix_block'\] = 1000; it must be a power of two >= 32"),
+    ({"group_tile": 3000}, r"thresholds\['group_tile'\] = 3000; it must be a power of two"),
+    ({"few_reqs": True}, r"thresholds\['few_reqs'\] = True; it must be an int >= 1"),
+    ({"broadcast_min_len": 4000}, "broadcast_min_len 4000 exceeds broadcast_max_len"),
+    ({"few_reqs": None}, "'thresholds' must hold exactly"),
+    ({"generated_by": ""}, "'generated_by' must be a non-empty string"),
+])
+def test_tuned_table_refuses_bad_entries(tmp_path, change, match):
+    table = json.loads(P.TUNED_TABLE.read_text())
+    for key, value in change.items():
+        where = table if key in ("generated_by", "device") else table["thresholds"]
+        if value is None:
+            del where[key]
+        else:
+            where[key] = value
+    path = tmp_path / "expand_nvidia.json"
+    path.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=match):
+        P.load_tuned(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="cannot be read"):
+        P.load_tuned(path)
+
+
+# Batches around every threshold of the rule, tight and loose: expand_config's every branch.
+POLICY_GRID = list(itertools.product(
+    (1, 3, 63, 64, 100, 511, 512, 1000, 2047, 2048, 4096, 8192, 16_384, 65_536, 100_000),
+    (0, 1, 16, 17, 100, 256, 257, 300, 512, 1000, 1024, 1025, 2048, 2049, 4096, 32_768, 97_000, 131_072),
+    (False, True)))
+
+
+def test_expand_config_follows_its_rules():
+    """The rules expand_config's docstring states, over the grid (thresholds from the tuned table)."""
+    for R, L, loose in POLICY_GRID:
+        cfg = E.expand_config(R, L, loose_bound=loose)
+        assert 16 <= cfg.block_t <= P.MAX_BLOCK_T and cfg.group * cfg.block_t <= max(P.GROUP_TILE, cfg.block_t)
+        assert cfg.prefix_u32 == (cfg.group > 1 or cfg.broadcast_blocks), (R, L, loose, cfg)
+        assert cfg.group == 1 or R >= P.MIN_PER_GROUP * P.GROUP_PROGRAMS, (R, L, loose, cfg)
+        if loose:
+            groups = -(-R // cfg.group)
+            assert cfg.pdl and not cfg.streaming_stores and not cfg.broadcast_blocks, (R, L, cfg)
+            assert cfg.max_chunk_programs == max(1, P.LOOSE_PROGRAM_BUDGET // groups) and cfg.group <= P.LOOSE_MAX_GROUP
+            continue
+        streaming = 4 * R * L > P.STREAMING_STORE_BYTES
+        assert (cfg.streaming_stores, cfg.pdl) == (streaming, not streaming), (R, L, cfg)
+        assert cfg.num_warps == (4 if R < P.FEW_REQS or streaming else 1), (R, L, cfg)
+        assert cfg.group == 1 or L <= P.MAX_BLOCK_T, (R, L, cfg)
+        assert cfg.broadcast_blocks == cfg.prefix_first == (
+            cfg.group == 1 and cfg.num_warps == 1 and R >= P.BROADCAST_REQS
+            and P.BROADCAST_MIN_LEN <= L <= P.BROADCAST_MAX_LEN), (R, L, cfg)
+
+
+def _interpreter_distinct(cfg: E.ExpandConfig, chunks: int = 3) -> tuple:
+    """What changes a launch of ``cfg`` on a batch of at most ``chunks`` chunks per request: warps, PDL and the
+    cache modifier do not change the result (the interpreter ignores them), a chunk cap above ``chunks`` neither."""
+    return (cfg.block_t, cfg.group, cfg.prefix_u32, cfg.broadcast_blocks, cfg.prefix_first,
+            min(cfg.max_chunk_programs, chunks))
+
+
+EVERY_CONFIG = sorted({_interpreter_distinct(c): c for c in (E.expand_config(R, L, loose_bound=loose)
+                                                           for R, L, loose in POLICY_GRID)}.items())
+
+
+@pytest.mark.parametrize("i", range(len(EVERY_CONFIG)), ids=[
+    f"{c.block_t}x{c.group}{'-u32' if c.prefix_u32 else ''}{'-bcast' if c.broadcast_blocks else ''}-cap"
+    f"{min(c.max_chunk_programs, 3)}" for _, c in EVERY_CONFIG])
+def test_every_config_expand_config_picks_matches_the_spec(i):
+    # Each launch the rule can choose, on a small ragged batch that spans more than one request group and up to
+    # three chunks per request (zeros included), at K = 1, 16 or 64 in turn; under a bound 3x the longest
+    # request where the rule was the loose one (its chunk cap is what makes the programs stride).
+    _, cfg = EVERY_CONFIG[i]
+    K = (1, 16, 64)[i % 3]
+    rng = random.Random(i)
+    lens = [rng.randint(0, 2 * cfg.block_t + 3) for _ in range(cfg.group + 3)] + [0, 2 * cfg.block_t + 3]
+    block_table, seq_lens, num_blocks = make_batch(lens, K, seed=i)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), K)
+    out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
+    indptr = torch.full((len(lens) + 1,), SENTINEL, dtype=torch.int32, device=DEV)
+    bound = max(lens) * (3 if cfg.max_chunk_programs < 65535 else 1)
+    E.expand_page_indices(block_table, seq_lens, K, out=out, kv_indptr=indptr, max_seq_len=bound, validate=False,
+                          config=cfg)
+    assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices) and torch.equal(indptr.cpu(), ref_indptr)
+    assert (out[ref_indices.numel():] == SENTINEL).all(), "the kernel wrote past sum(seq_lens)"
 
 
 @pytest.mark.parametrize("bound_factor", [1, 3, 40])
@@ -511,8 +541,8 @@ def test_loose_bound_expands_exactly(monkeypatch, bound_factor):
     # A bound far above the real lengths (ragged, zeros included), with the loose-bound launch: few programs that
     # stride over the chunks. The budget is shrunk so that the interpreter exercises the capped grid and the
     # group path with a small batch; every token is written once and nothing past sum(seq_lens).
-    monkeypatch.setattr(E, "LOOSE_PROGRAM_BUDGET", 8)
-    monkeypatch.setattr(E, "GROUP_PROGRAMS", 2)
+    monkeypatch.setattr(P, "LOOSE_PROGRAM_BUDGET", 8)
+    monkeypatch.setattr(P, "GROUP_PROGRAMS", 2)
     rng = random.Random(bound_factor)
     for lens in ([rng.randint(0, 90) for _ in range(5)] + [0, 90], [rng.randint(0, 20) for _ in range(9)] + [0]):
         block_table, seq_lens, num_blocks = make_batch(lens, 16, seed=bound_factor)
@@ -521,20 +551,19 @@ def test_loose_bound_expands_exactly(monkeypatch, bound_factor):
         assert cfg.max_chunk_programs * -(-len(lens) // cfg.group) <= max(8, -(-len(lens) // cfg.group))
         assert (cfg.group > 1) == (len(lens) >= 4 * 2)  # the second batch runs the group path
         ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
-        for skip in (True, False):  # chunk programs with nothing to store skip their prefix sum, or (as before) not
-            out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
-            indptr = torch.full((len(lens) + 1,), SENTINEL, dtype=torch.int32, device=DEV)
-            E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
-                                  validate=False, config=dataclasses.replace(cfg, skip_idle_prefix=skip))
-            assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices), skip
-            assert torch.equal(indptr.cpu(), ref_indptr) and (out[ref_indices.numel():] == SENTINEL).all(), skip
+        out = torch.full((ref_indices.numel() + 5,), SENTINEL, dtype=torch.int32, device=DEV)
+        indptr = torch.full((len(lens) + 1,), SENTINEL, dtype=torch.int32, device=DEV)
+        E.expand_page_indices(block_table, seq_lens, 16, out=out, kv_indptr=indptr, max_seq_len=bound,
+                              validate=False, config=cfg)
+        assert torch.equal(out[: ref_indices.numel()].cpu(), ref_indices)
+        assert torch.equal(indptr.cpu(), ref_indptr) and (out[ref_indices.numel():] == SENTINEL).all()
         meta = E.build_flat_decode_metadata(block_table, seq_lens, [1] * len(lens), 16, num_blocks=num_blocks,
                                             max_seq_len=bound, loose_bound=True)
         assert torch.equal(meta.kv_indices.cpu(), ref_indices) and torch.equal(meta.kv_indptr.cpu(), ref_indptr)
 
 
 @pytest.mark.parametrize("field, value", [("block_t", 1000), ("block_t", 0), ("num_warps", 3), ("group", 6),
-                                          ("group", True), ("max_chunk_programs", 0), ("prefix_block", 16)])
+                                          ("group", True), ("max_chunk_programs", 0)])
 def test_expand_config_rejects_bad_shapes(field, value):
     with pytest.raises(ValueError, match=f"ExpandConfig.{field} must be"):
         E.ExpandConfig(**{field: value})
@@ -548,7 +577,7 @@ def test_broadcast_blocks_needs_one_request_per_program():
 def test_default_config_packs_many_short_requests(monkeypatch):
     # The default rule with groups, on a batch small enough for the interpreter (groups from 4 * 4 requests):
     # ragged short requests, zeros included, 37 requests in groups of 4 (the last group runs past the batch).
-    monkeypatch.setattr(E, "GROUP_PROGRAMS", 4)
+    monkeypatch.setattr(P, "GROUP_PROGRAMS", 4)
     rng = random.Random(21)
     lens = [rng.randint(0, 60) for _ in range(35)] + [0, 64]
     assert E.expand_config(len(lens), max(lens)).group == 8
@@ -562,7 +591,6 @@ def test_default_config_packs_many_short_requests(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: large sizes need compiled kernels")
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("K", KS)
 def test_gpu_large_against_pre_pr(K, dtype):
@@ -577,7 +605,6 @@ def test_gpu_large_against_pre_pr(K, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: large sizes need compiled kernels")
 @pytest.mark.parametrize("R, max_len", [(1000, 600), (5000, 200), (20_000, 40)])
 def test_gpu_many_requests_default_config(R, max_len):
     """Large decode batches under expand_config's rule (one warp; request groups from 2048 short requests on),
@@ -594,7 +621,6 @@ def test_gpu_many_requests_default_config(R, max_len):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: CUDA graphs need one")
 def test_gpu_cuda_graph_capture_and_replay():
     K = 16
     block_table, seq_lens, num_blocks = make_batch([5000, 1, 0, 777], K, seed=9)
@@ -621,7 +647,6 @@ def test_gpu_cuda_graph_capture_and_replay():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: PDL and CUDA graphs need one")
 @pytest.mark.parametrize("cfg", [E.ExpandConfig(block_t=256), E.ExpandConfig(block_t=256, num_warps=1, group=4)],
                          ids=["one-request-programs", "request-groups"])
 def test_gpu_pdl_launch_waits_for_the_kernel_before(cfg):
@@ -649,8 +674,8 @@ def test_gpu_pdl_launch_waits_for_the_kernel_before(cfg):
         for i, (t, n) in enumerate(src):
             block_table.copy_(t)
             seq_lens.copy_(n)
-            E._launch_expand(block_table, seq_lens, K, outs[i, 0], indptrs[i], max_len, cfg)
-            E._launch_expand(block_table, seq_lens, K, outs[i, 1], indptrs[i], max_len, cfg, indptr_in=True)
+            EK._launch_expand(block_table, seq_lens, K, outs[i, 0], indptrs[i], max_len, cfg)
+            EK._launch_expand(block_table, seq_lens, K, outs[i, 1], indptrs[i], max_len, cfg, indptr_in=True)
 
     run_steps()  # compile outside the graph
     outs.fill_(SENTINEL)
@@ -671,128 +696,6 @@ def test_gpu_pdl_launch_waits_for_the_kernel_before(cfg):
                 assert (outs[i, j, total:] == SENTINEL).all(), (i, j)
 
 
-# ----------------------------------------------------------------------------------------------
-# the benchmark's bookkeeping (no timing here: benchmarks are not tests)
-# ----------------------------------------------------------------------------------------------
-
-
-def test_bench_byte_formula_and_bars():
-    from workbench.bench import expand as B
-
-    # 4 bytes per block-table entry read (ceil) + 4 bytes per token written.
-    assert B.expand_bytes([0, 1, 16, 17], 16) == 4 * (0 + 1 + 1 + 2) + 4 * (0 + 1 + 16 + 17)
-    cases = [
-        {"num_reqs": 512, "seq_len": 131_072, "K": 16, "kernel_frac_copy": 0.93},
-        {"num_reqs": 1, "seq_len": 97_000, "K": 16, "kernel_us": 2.5, "speedup_vs_serial": 12.0},
-        {"num_reqs": 256, "seq_len": 4_096, "K": 16, "kernel_us": 1.9},
-    ]
-    verdicts = {b["name"]: b["verdict"] for b in B.check_bars(cases)}
-    assert verdicts == {
-        "bandwidth at 512 x 128k": "PASS", "latency at 1 x 97k": "MISS",
-        "latency at 256 x 4k": "PASS", "speed-up over serial at 1 x 97k": "PASS",
-    }
-    assert B.check_bars(cases[2:]) == [b for b in B.check_bars(cases) if b["case"] == (256, 4_096)]
-
-
-def test_bench_sweep_variants_compute_the_expansion():
-    # Every --sweep variant (run here once, untimed) must produce the spec's output; store_only writes 0..n-1.
-    from workbench.bench import expand as B
-
-    for lens in ([1500, 37, 0, 1031], [1024, 1024]):
-        block_table, seq_lens, _ = make_batch(lens, 16, seed=len(lens))
-        ref, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
-        for v in B.SWEEP:
-            out = torch.full((ref.numel(),), SENTINEL, dtype=torch.int32, device=DEV)
-            indptr = ref_indptr.to(DEV) if v.indptr_in else torch.empty_like(ref_indptr, device=DEV)
-            fn, cfg = B._variant_launcher(v, block_table, seq_lens, 16, out, indptr, max(lens))
-            fn()
-            if v.kernel == "store_only":
-                assert torch.equal(out.cpu(), torch.arange(ref.numel(), dtype=torch.int32)), v.label
-            else:
-                assert torch.equal(out.cpu(), ref) and torch.equal(indptr.cpu(), ref_indptr), v.label
-    # The table prints a sweep (rows x cases) without error.
-    payload = json.loads(resources.files("workbench.data").joinpath("bench_expand_h200.json").read_text())
-    for c in payload["cases"][:2]:
-        c["sweep"] = [{"label": v.label, "us": 1.0 + i, "agree": i != 1} for i, v in enumerate(B.SWEEP)]
-    table = B.format_table(payload)
-    assert "v1 (output-aligned chunks)" in table and "2.00!" in table
-
-
-def test_probe_ranges_spread_and_same_round_differences():
-    from workbench.bench import expand as B
-
-    def row(rnd, label, us, agree=True, R=256, L=4096):
-        return dict(round=rnd, R=R, L=L, label=label, us=us, agree=agree)
-
-    runs = [{"rows": [row(0, "floor", 1.7), row(0, "k", 2.0), row(1, "floor", 1.9), row(1, "k", 2.1, agree=None),
-                      row(0, "k", 9.0, R=1, L=97000)]},
-            {"rows": [row(0, "floor", 1.6), row(0, "k", 2.2, agree=False), row(0, "solo", 3.0), row(1, "solo", 3.5),
-                      row(1, "once", 1.0)]}]
-    got = B.probe_ranges(runs, 256, 4096, over="floor")
-    assert list(got) == ["floor", "k", "solo", "once"]  # first-seen order; the 1 x 97000 row is another batch
-    k = got["k"]
-    assert (k["lo"], k["hi"], k["n"], k["agree"]) == (2.0, 2.2, 3, False)
-    # differences taken within one run and round: 2.0 - 1.7, 2.1 - 1.9, 2.2 - 1.6
-    assert k["over_lo"] == pytest.approx(0.2) and k["over_hi"] == pytest.approx(0.6)
-    assert got["floor"]["over_lo"] == got["floor"]["over_hi"] == 0.0
-    # run 2 has no floor in round 1: a label timed there gets no difference at all, not one from a subset
-    assert "over_lo" not in got["solo"] and "over_lo" not in got["once"] and got["solo"]["n"] == 2
-    assert B.probe_ranges(runs[:1], 256, 4096)["k"]["agree"] is True
-    assert "over_lo" not in B.probe_ranges(runs, 256, 4096)["k"]  # no reference asked for
-    with pytest.raises(ValueError, match="over='nope'"):
-        B.probe_ranges(runs, 256, 4096, over="nope")
-
-
-def test_committed_chain_probe_backs_chapter_2():
-    # The nineteenth session's probes at 256 x 4k (chapter 2, "The chain, link by link"): every output agreed
-    # with its reference, and the default library call never went under the 2 us bar in them.
-    from workbench.bench import expand as B
-
-    payload = json.loads(resources.files("workbench.data").joinpath("bench_expand_h200.json").read_text())
-    runs = payload["chain_probe"]["runs"]
-    assert [r["name"] for r in runs] == ["floor", "hotspot", "order", "chain", "chain2"]
-    assert all(r["provenance"]["device"] == "NVIDIA H200" for r in runs)
-    assert all(row.get("agree") is not False for r in runs for row in r["rows"])
-    chain = B.probe_ranges(runs[3:], 256, 4096, over="store only")
-    assert chain["library"]["lo"] > 2.0 and chain["library"]["n"] == 14
-    everything = B.probe_ranges(runs, 256, 4096)
-    assert everything["library"]["lo"] > 2.0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not device.on_gpu(), reason="no GPU: the probes' timing needs CUDA graphs")
-def test_probe_helpers_check_what_each_variant_left():
-    # bench.expand.probe_batch and time_probe_variants (the expansion probes' batch and timing loop): a variant is
-    # judged by what it left in out and kv_indptr, each buffer reset to -1 before it, and unchecked stays None
-    from workbench.bench import expand as B
-
-    bt, sl, ref_out, ref_indptr, out, indptr = B.probe_batch(5, 300, 16, ragged=True, seed=3)
-    assert 1 <= int(sl.min()) and int(sl.max()) <= 300 and out.numel() == int(sl.sum()) == int(ref_indptr[-1])
-
-    def library():
-        E.expand_page_indices(bt, sl, 16, out=out, kv_indptr=indptr, max_seq_len=300, validate=False)
-
-    def out_only():  # leaves kv_indptr at the -1 it was reset to
-        out.fill_(0)
-
-    rows = B.time_probe_variants([("right", library, ref_out, ref_indptr), ("wrong", library, ref_out + 1, None),
-                                  ("no kv_indptr", out_only, None, ref_indptr), ("unchecked", library, None, None)],
-                                 out, indptr, round=2, R=5, L=300)
-    assert [r["agree"] for r in rows] == [True, False, False, None]
-    assert all(r["us"] > 0 and (r["round"], r["R"], r["L"]) == (2, 5, 300) for r in rows)
-
-
-def test_bench_cli_without_gpu_says_why(capsys):
-    from workbench import cli
-
-    if device.on_gpu():
-        pytest.skip("this checks the message on a machine without a GPU")
-    assert cli.main(["bench", "expand", "--case", "1x100", "--out", "/dev/null"]) == 2
-    assert "need a CUDA or ROCm GPU" in capsys.readouterr().err
-    assert cli.main(["bench", "expand", "--case", "1y100"]) == 2
-    assert "--case must look like 256x4096" in capsys.readouterr().err
-
-
 def test_rows_before_offset_wrap():
     # 2**32 bytes / (576 values * 2 bytes) rows for bf16; twice as many for fp8 (aiter #2768).
     assert E.rows_before_offset_wrap(2) == 2**32 // 1152 == 3_728_270
@@ -800,19 +703,11 @@ def test_rows_before_offset_wrap():
     assert E.rows_before_offset_wrap(2) * 1152 <= 2**32 < (E.rows_before_offset_wrap(2) + 1) * 1152
 
 
-def test_committed_h200_results_and_figures():
-    pytest.importorskip("plotly", reason="plotly is not installed (the GPU machine's image lacks it); figures need it")
-    from workbench import viz
-    from workbench.bench import expand as B
+def test_committed_h200_results_and_figures(viz):
     from workbench.viz import expand as V
 
     results = V.load_expand_results()
     assert results["provenance"]["device"] == "NVIDIA H200"
-    shapes = {(c["num_reqs"], c["seq_len"]) for c in results["cases"]}
-    assert set(B.CASES) <= shapes
-    for c in results["cases"]:  # the JSON's bytes follow the formula stated in the benchmark
-        assert c["bytes"] == B.expand_bytes([c["seq_len"]] * c["num_reqs"], c["K"])
-    assert [b["verdict"] for b in results["bars"]] == [b["verdict"] for b in B.check_bars(results["cases"])]
     fig = viz.expand_bench_figure(results)
     assert len(fig.data) == 8 and len(fig.layout.updatemenus[0].buttons) == 2
     labels = list(fig.data[0].x)
@@ -824,7 +719,8 @@ def test_committed_h200_results_and_figures():
     assert list(loose.data[1].y) == [c["kernel_loose_bound_us"] for c in timed]
     assert all(c["agree_loose_bound"] for c in timed) and all(c["seq_len"] < c["loose_bound"] for c in timed)
     with pytest.raises(ValueError, match="no loose-bound timings"):
-        viz.loose_bound_figure(dict(results, cases=results["run_eighth_session"]["cases"]))
+        viz.loose_bound_figure(dict(results, cases=[{k: v for k, v in c.items() if "loose" not in k}
+                                                    for c in results["cases"]]))
     heat = viz.expansion_figure(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     ref, _ = E.expand_page_indices_ref(torch.tensor([[7, 3, 0], [2, 5, 9]]), [5, 9], 4)
     labels = [x for row in heat.data[0].text for x in row if x]

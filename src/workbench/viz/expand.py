@@ -3,6 +3,7 @@
 * :func:`expand_bench_figure`: the benchmark (``workbench bench expand``) as grouped bars per batch shape,
   with a dropdown between time (us, log scale) and achieved bandwidth (GB/s, with the copy ceiling
   and the 90 % bar). Built from the committed H200 JSON unless a result dict is passed in.
+* :func:`loose_bound_figure`: each case with its tight bound and under a loose 128k one, both launches;
 * :func:`expansion_figure`: a small batch's block table and the flat token rows it expands to.
 """
 
@@ -98,14 +99,14 @@ def expand_bench_figure(results: dict[str, Any] | None = None) -> go.Figure:
 
 
 def loose_bound_figure(results: dict[str, Any] | None = None) -> go.Figure:
-    """Per case of a run that timed loose bounds (``workbench bench expand`` from the ninth session on): the
-    call with the tight bound, and with the loose one (``loose_bound`` in the case, 128k) launched with
-    ``loose_bound=True`` and by default (no bar where that was not timed), as grouped bars on a log time axis."""
+    """Per case of a run that timed loose bounds (``kernel_loose_bound_us``): the call with the tight bound, and
+    with the loose one (``loose_bound`` in the case, 128k) launched with ``loose_bound=True`` and by default (no
+    bar where that was not timed), as grouped bars on a log time axis."""
     results = results or load_expand_results()
     cases = [c for c in results["cases"] if "kernel_loose_bound_us" in c]
     if not cases:
-        raise ValueError("these results have no loose-bound timings (kernel_loose_bound_us): runs from the ninth "
-                         "session on have them")
+        raise ValueError("these results have no loose-bound timings (kernel_loose_bound_us): `workbench bench "
+                         "expand` times them for every case below 128k tokens")
     labels = [case_label(c) for c in cases]
     bound = cases[0]["loose_bound"]
     fig = go.Figure()
