@@ -22,7 +22,7 @@ def _run(code: str, **env: str) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default; this machine has a GPU")
+@pytest.mark.interpreter
 def test_import_sets_interpreter_before_kernels_on_cpu():
     # A fresh process with no TRITON_INTERPRET: importing workbench must set it, and a kernel defined
     # afterwards must run (under the interpreter) without "0 active drivers".
@@ -57,14 +57,12 @@ def test_describe_names_versions_and_optional_packages():
 def test_describe_says_which_decode_kernels_an_nvidia_gpu_gets(monkeypatch, hopper):
     """On an NVIDIA GPU the summary names the decode kernels the library will choose and the shared memory a
     program may use (a GPU is faked here: on a real one the GPU suite runs this path)."""
-    from workbench import mla
-
     fake = device.Platform("cuda", "NVIDIA B200" if not hopper else "NVIDIA H200", False, torch.__version__, "3.7.1",
                            "sm_100" if not hopper else "sm_90")
     monkeypatch.setattr(device, "platform", lambda: fake)
     monkeypatch.setattr(device, "interpreter_active", lambda: False)
     monkeypatch.setattr(device, "max_shared_memory", lambda dev: 232_448)
-    monkeypatch.setattr(mla, "gluon_available", lambda: hopper)
+    monkeypatch.setattr(device, "gluon_available", lambda: hopper)
     text = device.describe()
     assert "MLA decode: " + ("the Gluon kernels (Hopper)" if hopper else "the Triton tiles (the Gluon kernels need "
                              "Hopper and Triton >= 3.6)") + ", 227 KB of shared memory per program" in text, text

@@ -8,7 +8,7 @@ Two failures a user there would have hit, found by compiling for those targets w
   345 KB on sm_100, the small-batch 16x64 tile 164 KB against an A100's 163 KB, and most tiles above the 99 KB of
   Ada and the RTX 50 series), so Triton refused to load them.
 
-The library now chooses the Gluon kernels on Hopper only, and steps down :func:`workbench.mla.shared_memory_ladder`
+The library chooses the Gluon kernels on Hopper only, and steps down :func:`workbench.mla.shared_memory_ladder`
 when a kernel does not fit. Checked here: the choice (with a faked GPU), the ladder, the fallback under the
 interpreter, the steps on each target as Triton compiles them (no GPU needed), the expansion and merge kernels
 compiled for those targets, and, on a GPU, the fallback's results against the golden with the GPU's shared memory
@@ -17,7 +17,6 @@ faked down to 99 KB.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -29,9 +28,9 @@ import torch
 
 import workbench  # noqa: F401  (sets TRITON_INTERPRET on CPU before kernels import)
 from workbench import codegen, device, mla
+from workbench.mla import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ON_GPU = device.on_gpu()
 
 
 def fake_nvidia(monkeypatch, capability):
@@ -49,9 +48,9 @@ def test_gluon_kernels_are_chosen_on_hopper_only(monkeypatch, capability, hopper
     cuda = torch.device("cuda")
     assert device.hopper(cuda) is hopper
     assert device.pdl_available(cuda) is (capability[0] >= 9)  # PDL (griddepcontrol) is sm_90+, Blackwell too
-    assert mla.gluon_available() is hopper
-    assert mla.triton_config(64, torch.bfloat16, backend="cuda", sm_count=132).gluon is hopper
-    assert mla.triton_config(16, torch.bfloat16, backend="cuda", sm_count=132).gluon_swap is hopper
+    assert device.gluon_available() is hopper
+    assert (mla.triton_config(64, torch.bfloat16, backend="cuda", sm_count=132).kernel == "gluon") is hopper
+    assert (mla.triton_config(16, torch.bfloat16, backend="cuda", sm_count=132).kernel == "gluon_swap") is hopper
 
 
 def test_a_gluon_config_off_hopper_is_refused_with_the_reason(monkeypatch):
@@ -59,29 +58,27 @@ def test_a_gluon_config_off_hopper_is_refused_with_the_reason(monkeypatch):
     fake_nvidia(monkeypatch, (10, 0))
     q = torch.zeros(1, 16, mla.QK_HEAD_DIM, dtype=torch.bfloat16)
     monkeypatch.setattr(device, "compiled_nvidia", lambda dev: True)  # q stands in for a cuda tensor
-    for what in ("gluon", "gluon_swap"):
+    for what in ("gluon", "gluon_ws", "gluon_swap"):
         with pytest.raises(ValueError, match=r"Hopper GPU \(compute capability 9\.x\).*Blackwell.*capability 10\.0"):
-            mla._check_gluon_call(q, what)
+            launch._check_gluon_call(q, what)
 
 
 def test_ladder_steps_down_stages_then_tokens_then_rows():
-    cfg = mla.TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True,
-                           pdl_split=True)
+    cfg = mla.TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=3, programs_per_sm=1, pdl=True)
     ladder = mla.shared_memory_ladder(cfg)
     shapes = [(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in ladder]
-    # the order an H200 measured at the 64-row points (explore["ladder_probe"]): stages, tokens, rows, then the
-    # library's 16-row tile and smaller
+    # the order an H200 with its shared memory limited to 99 KB measured at the 64-row points: stages, tokens,
+    # rows, then the library's 16-row tile and smaller
     assert shapes == [(64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2), (16, 32, 4, 3), (16, 32, 4, 2), (16, 16, 4, 2),
                       (16, 16, 4, 1)]
-    for c in ladder:  # the other switches stay; residency is estimated again; indices one tile ahead from 2 stages
-        assert (c.pdl, c.pdl_split, c.programs_per_sm, c.idx_ahead) == (True, True, None, c.num_stages > 1), c
+    for c in ladder:  # the other fields stay; residency is estimated again; indices one tile ahead from 2 stages
+        assert (c.pdl, c.programs_per_sm, c.idx_ahead) == (True, None, c.num_stages > 1), c
     small = mla.TritonConfig(block_m=16, block_n=64, num_warps=8, num_stages=3, idx_ahead=True, narrow_partials=True)
     assert all(c.idx_ahead and c.narrow_partials for c in mla.shared_memory_ladder(small))
-    # a switch a smaller tile does not allow is skipped, not turned off
-    ws = mla.TritonConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, warp_specialize=True)
-    assert [(c.block_m, c.block_n) for c in mla.shared_memory_ladder(ws)] == [(64, 32)]
-    assert mla.shared_memory_ladder(mla.GLUON_CONFIG) == [] == mla.shared_memory_ladder(mla.GLUON_SWAP_CONFIG)
-    assert mla.shared_memory_ladder(mla.TritonConfig(16, 16, 1, 1)) == []
+    for rule in mla.tuned_table("nvidia")["rules"]:  # the Gluon kernels run on Hopper only: no ladder
+        if rule["_config"].kernel != "triton":
+            assert mla.shared_memory_ladder(rule["_config"]) == []
+    assert mla.shared_memory_ladder(mla.TritonConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)) == []
 
 
 def _fake_limit(monkeypatch, fits):
@@ -89,42 +86,42 @@ def _fake_limit(monkeypatch, fits):
     Triton does when it loads a kernel that needs more than the GPU has), and count the launches."""
     from triton.runtime.errors import OutOfResources
 
-    real = mla._launch_triton
+    real = launch._launch
     seen = []
 
-    def launch(*args):
+    def fake_launch(*args):
         cfg = args[9]
         seen.append(cfg.label)
         if not fits(cfg):
             raise OutOfResources(300_000, 101_376, "shared memory")
         return real(*args)
 
-    monkeypatch.setattr(mla, "_launch_triton", launch)
-    monkeypatch.setattr(mla, "SHARED_MEMORY_FALLBACKS", {})
+    monkeypatch.setattr(launch, "_launch", fake_launch)
+    monkeypatch.setattr(launch, "SHARED_MEMORY_FALLBACKS", {})
     return seen
 
 
-@pytest.mark.skipif(ON_GPU, reason="interpreter only (the GPU test below fakes the GPU's own limit)")
+@pytest.mark.interpreter
 def test_fallback_steps_down_until_it_fits_and_is_exact(monkeypatch):
-    from test_mla import assert_triton_exact, make_case  # noqa: PLC0415 (tests/ is on sys.path under pytest)
+    from mla_cases import assert_triton_exact, make_case  # noqa: PLC0415 (tests/ is on sys.path under pytest)
 
     big = mla.TritonConfig(block_m=16, block_n=32, num_warps=1, num_stages=3, max_splits=4, merge_block_r=16,
                            merge_block_d=mla.KV_LORA_RANK)
-    monkeypatch.setattr(mla, "triton_config", lambda *a, **k: big)
+    monkeypatch.setattr(launch, "triton_config", lambda *a, **k: big)
     seen = _fake_limit(monkeypatch, lambda c: c.block_n <= 16)
     case = make_case([1, 1, 1], [1, 17, 100], 3)
     with pytest.warns(RuntimeWarning) as caught:
         assert_triton_exact(case, 1, None, None)
     assert [str(w.message).split("trying ")[1].split("'")[1] for w in caught] == seen[1:]
     assert "needs 300000 bytes of shared memory and this GPU gives a program 101376" in str(caught[0].message)
-    assert seen == ["16x32 w1 s3", "16x32 w1 s2 ia", "16x32 w4 s2 ia", "16x16 w4 s2 ia"]
+    assert seen == ["triton 16x32 w1 s3", "triton 16x32 w1 s2 ia", "triton 16x32 w4 s2 ia", "triton 16x16 w4 s2 ia"]
     # later calls start from the rung that fitted (on a GPU: triton_launch_plan looks it up)
-    assert [c.label for c in mla.SHARED_MEMORY_FALLBACKS.values()] == ["16x16 w4 s2 ia"]
+    assert [c.label for c in launch.SHARED_MEMORY_FALLBACKS.values()] == ["triton 16x16 w4 s2 ia"]
     # a config the caller chose is not changed behind their back: a clear error instead
-    with pytest.raises(ValueError, match=r"config '16x32 w1 s3': its split kernel needs 300000 bytes of shared memory"):
+    with pytest.raises(ValueError, match=r"config 'triton 16x32 w1 s3': its split kernel needs 300000 bytes of"):
         assert_triton_exact(case, 1, 2, big)
     # nothing left to try
-    monkeypatch.setattr(mla, "SHARED_MEMORY_FALLBACKS", {})
+    monkeypatch.setattr(launch, "SHARED_MEMORY_FALLBACKS", {})
     _fake_limit(monkeypatch, lambda c: False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -198,30 +195,32 @@ def test_every_default_fits_each_target_within_its_ladder(fits):
     for f in fits:
         assert f["fits"] is not None, f
         assert f["tried"][-1][1] <= f["limit"] < min(s for _, s in f["tried"][:-1] or [[None, 1 << 30]]), f
-    assert by[("sm_100", 64, "bf16", None)]["fits"] == "64x32 w8 s2 ia pdl pdls"
+    assert by[("sm_100", 64, "bf16", None)]["fits"] == "triton 64x32 w8 s2 ia pdl"
     assert by[("sm_100", 64, "bf16", None)]["tried"][0][1] > 300_000
-    assert by[("sm_89", 64, "bf16", None)]["fits"] == "16x32 w4 s3 ia pdl pdls"
-    assert by[("sm_80", 16, "bf16", 65536)]["fits"] == "16x64 w8 s2 ia pdl pdls np"
+    assert by[("sm_89", 64, "bf16", None)]["fits"] == "triton 16x32 w4 s3 ia pdl"
+    assert by[("sm_80", 16, "bf16", 65536)]["fits"] == "triton 16x64 w8 s2 ia pdl np"
     for rows, tokens in ((16, None), (32, None), (64, None)):  # A100 keeps these 16-bit tiles as they are
         f = by[("sm_80", rows, "bf16", tokens)]
         assert len(f["tried"]) == 1 and f["fits"] == f["chosen"], f
 
 
-@pytest.mark.skipif(not (ON_GPU and torch.version.hip is None), reason="needs an NVIDIA GPU (compiled Triton)")
+@pytest.mark.gpu
 def test_fallback_on_a_gpu_with_its_shared_memory_faked_to_99_kb():
     """On the GPU here, with Triton told the GPU gives a program 99 KB (an RTX 4090's or 5090's) and the gluon
     kernels off (as on a GPU that is not Hopper): every Triton default steps down to a tile that fits, runs, and
     agrees with the golden. In a subprocess, so that no kernel compiled earlier skips Triton's check."""
+    if torch.version.hip is not None:
+        pytest.skip("the check fakes the shared memory of an NVIDIA GPU (ROCm tiles have their own table)")
     script = """
 import json, torch
 from triton.runtime import driver
 import workbench
 from workbench import mla
-from test_mla import check_against_golden, make_case
+from mla_cases import check_against_golden, make_case
 utils = driver.active.utils
 real = utils.get_device_properties
 utils.get_device_properties = lambda dev: dict(real(dev), max_shared_mem=101_376)
-mla.gluon_available = lambda: False
+workbench.device.gluon_available = lambda: False
 out = []
 for qlen, heads, dtype, kv in ((1, 16, torch.bfloat16, [700, 33, 1200]), (2, 16, torch.bfloat16, [64, 900]),
                                (4, 16, torch.bfloat16, [300, 5, 1000]), (1, 128, torch.float16, [257, 40]),

@@ -5,8 +5,8 @@ Subcommands (each registered by one ``_add_*`` function below; keep them in the 
 * ``workbench info``            where code runs here (``workbench.device.describe()``)
 * ``workbench check``           target + Eagle3 draft: their common kernel block size (``workbench.blocksize``)
 * ``workbench catalog``         the backends' declared kernel block sizes, as the docs table
-* ``workbench bench NAME``      GPU benchmarks (``_bench_group``; results are JSON with provenance):
-  ``bench decode`` (MLA decode, ``workbench.bench.decode``)
+* ``workbench bench NAME``      GPU benchmarks, ``benchmarks/NAME.py`` of a source checkout (JSON with provenance):
+  ``bench expand`` (the index expansion), ``bench decode`` (the MLA decode, against FlashMLA with ``--peer-path``)
 * ``workbench probe-qlen``      every query length on one decode backend vs the golden (``workbench.qlen``)
 * ``workbench results``         the committed H200 bars of both benchmarks (``workbench.bench.results``)
 
@@ -16,8 +16,12 @@ Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar mi
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 
 
 def _add_info(sub: argparse._SubParsersAction) -> None:
@@ -30,14 +34,6 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
-
-
-def _bench_group(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """Get or create the ``workbench bench`` group; benchmark registrars add their subcommand to it."""
-    if "bench" not in sub.choices:
-        p = sub.add_parser("bench", help="GPU benchmarks that write JSON with provenance (need a GPU)")
-        p.set_defaults(_bench_sub=p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK"))
-    return sub.choices["bench"].get_default("_bench_sub")
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
@@ -82,71 +78,48 @@ def _add_catalog(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _add_bench_expand(sub: argparse._SubParsersAction) -> None:
-    p = _bench_group(sub).add_parser(
-        "expand", help="per-token index expansion: 2-D-grid kernel vs serial loop vs dense torch, vs copy bandwidth")
-    p.add_argument("--out", default="bench_expand.json", help="JSON result path (default: bench_expand.json)")
-    p.add_argument("--sweep", action="store_true", help="also time every launch config in bench.expand.SWEEP")
-    p.add_argument("--no-dense", action="store_true", help="skip the slow dense torch baseline")
-    p.add_argument("--case", action="append", metavar="RxL",
-                   help="batch shape, e.g. 256x4096 (repeatable; default: the five cases of the bars)")
+BENCHMARKS = ("expand", "decode")  # benchmarks/<name>.py of a source checkout: add_arguments(parser), main(args)
+
+
+def benchmarks_dir() -> Path:
+    """The ``benchmarks/`` folder: ``$WORKBENCH_BENCHMARKS``, else the one beside ``src/`` in a source checkout
+    (the benchmarks are not part of the wheel)."""
+    import workbench
+
+    env = os.environ.get("WORKBENCH_BENCHMARKS")
+    return Path(env) if env else Path(workbench.__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module, or a ValueError saying where it was looked for."""
+    path = benchmarks_dir() / f"{name}.py"
+    if not path.exists():
+        raise ValueError(f"benchmark {name!r}: {path} does not exist; the benchmarks live in the benchmarks/ folder "
+                         "of a source checkout (git clone, then pip install -e .), or set WORKBENCH_BENCHMARKS to it")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # the benchmarks import each other by module name
+    module = importlib.import_module(name)
+    if Path(module.__file__).resolve() != path.resolve():
+        raise ValueError(f"benchmark {name!r}: the module {name!r} already imported is {module.__file__}, not {path}")
+    return module
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="GPU benchmarks that write JSON with provenance (benchmarks/, need a GPU)",
+                       description="Run benchmarks/<name>.py of this checkout: `workbench bench NAME --help` lists "
+                                   "its options. Exit 0 every bar passed, 1 a bar missed, 2 bad usage or no GPU.")
+    p.add_argument("name", choices=BENCHMARKS, help="expand (block table -> indices) or decode (MLA decode)")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
 
     def run(args: argparse.Namespace) -> int:
-        from workbench.bench import expand as bench_expand
-
-        cases = bench_expand.CASES
-        if args.case:
-            try:
-                cases = tuple((int(r), int(n)) for r, n in (c.lower().split("x") for c in args.case))
-            except ValueError:
-                raise ValueError(f"--case must look like 256x4096 (requests x tokens each), got {args.case!r}") from None
+        module = load_benchmark(args.name)
+        parser = argparse.ArgumentParser(prog=f"workbench bench {args.name}", description=module.__doc__.split("\n")[0])
+        module.add_arguments(parser)
+        options = parser.parse_args(args.options)
         try:
-            payload = bench_expand.run(cases, sweep=args.sweep, dense=not args.no_dense, out=args.out)
+            return int(module.main(options))
         except RuntimeError as exc:  # no GPU, or the interpreter forced on
-            print(f"workbench bench expand: error: {exc}", file=sys.stderr)
-            return 2
-        print(bench_expand.format_table(payload))
-        print(f"\nwrote {args.out}")
-        return 0 if all(b["verdict"] == "PASS" for b in payload["bars"]) else 1
-
-    p.set_defaults(func=run)
-
-
-def _rounds_arg(text: str) -> int:
-    """``--ratio-rounds``: a whole number, 0 or more."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ratio-rounds is {text!r}; it must be a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"--ratio-rounds is {n}; it must be 0 (the sweep's ratio) or more")
-    return n
-
-
-def _add_bench_decode(sub: argparse._SubParsersAction) -> None:
-    p = _bench_group(sub).add_parser(
-        "decode", help="MLA decode: Triton kernel vs torch path vs copy bandwidth and matmul rate; bars PASS/MISS")
-    p.add_argument("--out", default="bench_decode.json", help="JSON result path (default: bench_decode.json)")
-    p.add_argument("--tune", action="store_true", help="first time a few launch configs per regime and use the best")
-    p.add_argument("--quick", action="store_true", help="only the points the bars need")
-    p.add_argument("--no-torch", action="store_true", help="skip the (slow) torch path")
-    p.add_argument("--ratio-rounds", type=_rounds_arg, default=None, metavar="N",
-                   help="paired rounds per qlen-ratio bar, whose median is the bar's value (default 7; 0: the "
-                        "sweep's single ratio)")
-    p.add_argument("--explore", type=int, metavar="ROUND", choices=range(1, 22),
-                   help="instead: one focused sweep of chapter 3 (rounds 1-21; its kernels compiled in parallel first)")
-    p.add_argument("--layouts", action="store_true",
-                   help="instead: the bar points with cache rows scattered one by one and in 16-row blocks")
-    p.add_argument("--trace", action="store_true",
-                   help="instead: %%globaltimer stamps of every program at three points (where a call's time goes)")
-
-    def run(args: argparse.Namespace) -> int:
-        from workbench.bench import decode as bench_decode
-
-        try:
-            return bench_decode.main(args)
-        except RuntimeError as exc:  # no GPU, or the interpreter forced on
-            print(f"workbench bench decode: error: {exc}", file=sys.stderr)
+            print(f"workbench bench {args.name}: error: {exc}", file=sys.stderr)
             return 2
 
     p.set_defaults(func=run)
@@ -214,8 +187,7 @@ def _add_results(sub: argparse._SubParsersAction) -> None:
 
 # Each capability adds one registrar here (it may create nested subcommands, e.g. ``bench``).
 REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_info, _add_check, _add_catalog,
-                                                                   _add_bench_expand, _add_bench_decode,
-                                                                   _add_probe_qlen, _add_results]
+                                                                   _add_bench, _add_probe_qlen, _add_results]
 
 
 def build_parser() -> argparse.ArgumentParser:

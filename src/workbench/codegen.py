@@ -1,16 +1,16 @@
-"""What Triton makes of the decode split kernel for Hopper, without a GPU.
+"""What Triton makes of the decode and expansion kernels for a GPU, without the GPU.
 
-Triton compiles for a named target on any machine: ``triton.compile`` with ``GPUTarget("cuda", 90, 32)``
-runs the whole pipeline (TTIR, TTGIR, LLVM, PTX) and its bundled ``ptxas`` assembles the PTX and reports
-registers and spills. Chapter 3 found its main speed-up in that IR (the row gather of the old 16-row tile had
-one shared-memory buffer), and this session found a 3 % slowdown in it (an equivalent rewrite of one index load
-raised the small-batch tile from 142 to 171 registers on Triton 3.6). This module turns both into checks that
-run in CI: :func:`split_kernel_report` compiles the split kernel of a :class:`workbench.mla.TritonConfig` and
-returns its registers, spills, the shapes of its shared-memory buffers and the waits of its pipelined loop.
-
-The same works for AMD targets: :func:`amd_kernel_report` compiles the kernel for ``gfx942`` (MI300X) with
-Triton's AMD backend and reports the LDS it asks for, its VGPRs and its scratch; CI checks that the ROCm
-defaults fit the 64 KB of LDS a workgroup has there.
+Triton compiles for a named target on any machine: ``triton.compile`` with ``GPUTarget("cuda", 90, 32)`` runs the
+whole pipeline (TTIR, TTGIR, LLVM, PTX) and its bundled ``ptxas`` assembles the PTX and reports registers and
+spills. The IR answers most questions about a kernel's speed before it runs: whether the row gather is
+double-buffered (the Triton split kernel's main speed-up came from loading the indices one tile ahead, which gave
+the gather a second buffer), whether anything is read before the PDL wait, how many registers a tile takes.
+:func:`split_kernel_report` compiles the split kernel of a :class:`workbench.mla.TritonConfig` and returns its
+registers, spills, the shapes of its shared-memory buffers and the waits of its pipelined loop; the ``gluon_*``
+reports do the same for the Hopper kernels. The AMD backend works the same way: :func:`amd_kernel_report`
+compiles for ``gfx942`` (MI300X) or ``gfx950`` (MI355X) and reports the LDS, VGPRs and scratch, and CI checks that
+the ROCm defaults fit the 64 KB of LDS a workgroup has there. :func:`shared_memory_fit` shows the steps a GPU
+with less shared memory than an H200 takes.
 
 It needs compiled Triton: run it in a process with ``TRITON_INTERPRET=0`` (under the interpreter the kernels
 are Python functions and there is nothing to compile; it raises a clear error there).
@@ -19,7 +19,6 @@ are Python functions and there is nothing to compile; it raises a clear error th
 from __future__ import annotations
 
 import collections
-import dataclasses
 import inspect
 import os
 import re
@@ -35,14 +34,9 @@ HOPPER = ("cuda", 90, 32)  # backend, compute capability, warp size
 # compile-time constant (a tl.constexpr). The pointers and the cache row stride (576 elements) are passed as
 # multiples of 16, as Triton specialises them at a real launch, so that 16-byte copies can be used.
 _RUNTIME_ARGS = {"Q": "*{dt}", "KV": "*{dt}", "KV_INDICES": "*i32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
-                 "OUT": "*fp32", "LSE": "*fp32", "FINAL_O": "*{dt}", "FINAL_LSE": "*fp32", "COUNTERS": "*i32",
-                 "stride_kv": "i32", "total_rows": "i32", "qk_scale": "fp32", "num_splits": "i32"}
-_DIVISIBLE_BY_16 = {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE", "FINAL_O", "FINAL_LSE",
-                    "COUNTERS", "stride_kv"}
-
-
-# (rows per request, KV tokens of the call) that select each default 16-bit config of mla.triton_config
-DEFAULT_CASES = ((16, 65536), (16, None), (32, 65536), (32, None), (64, None))
+                 "OUT": "*{out}", "LSE": "*fp32", "stride_kv": "i32", "total_rows": "i32", "qk_scale": "fp32",
+                 "num_splits": "i32"}
+_DIVISIBLE_BY_16 = {"Q", "KV", "KV_INDICES", "QO_INDPTR", "KV_INDPTR", "OUT", "LSE", "stride_kv"}
 
 
 def _ptxas() -> str:
@@ -87,7 +81,6 @@ def _compile(fn: Any, runtime: dict[str, str], consts: dict[str, Any], divisible
 
 # PTX instructions that read global memory: loads, asynchronous copies into shared memory, prefetches
 _GLOBAL_READ = re.compile(r"\b(?:ld\.global|cp\.async\.(?:ca|cg)|cp\.async\.bulk|prefetch\.global|prefetch\.L2)")
-_TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared")  # a TMA store (shared to global)
 _GLOBAL_WRITE = re.compile(r"\b(?:st\.global|red\.global|atom\.global)")
 
 
@@ -103,51 +96,43 @@ def _global_stores(ptx: str) -> dict[str, int]:
 
 def pdl_report(ptx: str) -> dict[str, Any]:
     """PDL facts of a kernel's PTX: ``has_wait`` (``griddepcontrol.wait``), ``global_reads_before_wait`` (global
-    loads, asynchronous copies and prefetches that come before the first wait in the PTX text; all of them when
-    there is no wait; a PDL-launched kernel that reads before its wait may see what the kernel before it has not
-    finished writing), ``has_launch_dependents`` and ``launch_dependents_after_wait`` (the first trigger comes
-    after the first wait: then a kernel that starts early behind this one knows that every kernel before this one
-    has finished, which is what makes ``meta_before_wait`` safe when only the kernel right before it is known not
-    to write the metadata). ``global_writes_before_wait``: stores and atomics before the first wait (the kernel
-    before may still read what they overwrite: always 0 here). ``l2_only_reads_before_wait``: those
-    of the reads before the wait that leave nothing in L1 (``ld.global.cg`` and ``prefetch.global.L2``; the
-    opt-in ``prefetch_before_wait`` reads only these, for prefetch addresses)"""
+    loads, asynchronous copies and prefetches before the first wait in the PTX text; all of them when there is no
+    wait: a PDL-launched kernel that reads before its wait may see what the kernel before it has not finished
+    writing), ``global_writes_before_wait`` (stores and atomics before it: the kernel before may still read what they
+    overwrite), ``has_launch_dependents`` and ``launch_dependents_after_wait`` (the first trigger comes after the
+    first wait: a kernel that starts early behind this one then knows that every kernel before this one is done)."""
     wait = ptx.find("griddepcontrol.wait")
     trigger = ptx.find("griddepcontrol.launch_dependents")
     before = ptx[:wait] if wait >= 0 else ptx
     return {"has_wait": wait >= 0,
             "global_reads_before_wait": len(_GLOBAL_READ.findall(before)),
-            "l2_only_reads_before_wait": len(re.findall(r"\bld\.global\.cg\b|\bprefetch\.global\.L2\b", before)),
             "global_writes_before_wait": len(_GLOBAL_WRITE.findall(before)),
             "has_launch_dependents": trigger >= 0,
             "launch_dependents_after_wait": trigger >= 0 and wait >= 0 and trigger > wait}
 
 
-def _compile_split(cfg: Any, heads: int, dtype: str, pdl_split: bool | None, target: tuple) -> Any:
-    """The compiled split kernel for ``target`` (a GPUTarget tuple), specialised as the library launches it
-    with more than one split."""
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+def _check_dtype(dtype: str, allowed: tuple[str, ...] = ("bf16", "fp16", "fp32")) -> None:
+    if dtype not in allowed:
+        raise ValueError(f"dtype must be one of {allowed}, got {dtype!r}")
+
+
+def _compile_split(cfg: Any, heads: int, dtype: str, target: tuple, pdl: bool | None = None) -> Any:
+    """The compiled Triton split kernel for ``target`` (a GPUTarget tuple), specialised as the library launches it
+    with more than one split (partials); PDL as ``cfg`` says (unless ``pdl`` overrides it) on targets that have it."""
+    if cfg.kernel != "triton":
+        raise ValueError(f"split_kernel_report compiles the Triton split kernel; {cfg.label!r} is a Gluon config "
+                         "(use gluon_kernel_report, gluon_ws_kernel_report or gluon_swap_kernel_report)")
+    _check_dtype(dtype)
     _require_compiled()
-    import torch
+    from workbench.mla import triton_kernels
 
-    from workbench import mla
-
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    nvidia = target[0] == "cuda"
-    # the device only tells split_kernel_options whether the PTX-only features apply
-    opts = mla.split_kernel_options(cfg, heads, torch_dtype, torch.device("cuda" if nvidia else "cpu"),
-                                    launch_dependents=cfg.pdl and nvidia,
-                                    pdl_split=(cfg.pdl_split if pdl_split is None else pdl_split) and nvidia)
-    launch = {k: opts.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in opts}
-    options = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages") or (k == "maxnreg" and nvidia)}
-    runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
-    if cfg.tma_store:
-        runtime["PART_DESC"] = f"tensordesc<fp32[{cfg.block_m}, 512]>"
-    return _compile(mla._mla_decode_split_kernel, runtime,
-                    dict(opts, DIRECT=False, FUSED_MERGE=cfg.fused_merge, TRACE_BUF=None, TRACE=False,
-                         SIGNAL=cfg.spin_merge, TMA_STORE=cfg.tma_store),
-                    _DIVISIBLE_BY_16, target, options)
+    pdl = (cfg.pdl if pdl is None else pdl) and _pdl_target(target)
+    consts = dict(NUM_HEADS=heads, DIRECT=False, IDX_AHEAD=cfg.idx_ahead, LAUNCH_DEPENDENTS=pdl,
+                  DOT_PRECISION="ieee" if dtype == "fp32" else None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  D_LATENT=512, D_ROPE=64, GDC_WAIT=pdl)
+    runtime = {k: v.format(dt=dtype, out=dtype if cfg.narrow_partials else "fp32") for k, v in _RUNTIME_ARGS.items()}
+    return _compile(triton_kernels.mla_decode_split_kernel, runtime, consts, _DIVISIBLE_BY_16, target,
+                    dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
 AMD_TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx90a": ("hip", "gfx90a", 64),  # MI300X/MI325X, MI250X
@@ -177,8 +162,7 @@ def shared_memory_fit(cfg: Any, arch: str, heads: int = 16, dtype: str = "bf16")
     target, limit = OTHER_NVIDIA[arch]
     tried: list[list[Any]] = []
     for rung in [cfg, *mla.shared_memory_ladder(cfg)]:
-        launched = rung if _pdl_target(target) else dataclasses.replace(rung, pdl=False, pdl_split=False)
-        shared = _compile_split(launched, heads, dtype, None, target).metadata.shared
+        shared = _compile_split(rung, heads, dtype, target).metadata.shared
         tried.append([rung.label, shared])
         if shared <= limit:
             return {"arch": arch, "limit": limit, "tried": tried, "fits": rung.label}
@@ -193,7 +177,7 @@ def amd_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", arch: str 
         raise ValueError(f"arch must be one of {sorted(AMD_TARGETS)}, got {arch!r}")
     import triton
 
-    kernel = _compile_split(cfg, heads, dtype, False, AMD_TARGETS[arch])
+    kernel = _compile_split(cfg, heads, dtype, AMD_TARGETS[arch])
     return {"label": cfg.label, "arch": arch, "shared": kernel.metadata.shared, **_amd_usage(kernel.asm["amdgcn"]),
             "triton": triton.__version__}
 
@@ -261,61 +245,45 @@ def expand_kernel_report(arch: str = "gfx942", block_t: int = 1024, num_warps: i
     return report
 
 
-def merge_kernel_report(pdl: bool = True, dtype: str = "bf16", *, spin: bool = False,
-                        arch: str = "sm_90") -> dict[str, Any]:
-    """Compile the decode's second-kernel merge as the library launches it with PDL (waiting for the split
-    kernel, then letting the next call's split kernel launch) and report :func:`pdl_report`. ``spin``: the spin
-    merge (``TritonConfig.spin_merge``: no PDL wait, the rows' counts polled instead); its report also holds
-    ``acquire_polls`` (acquire atomics at GPU scope in the PTX). ``arch``: ``"sm_90"`` or one of
-    :data:`AMD_TARGETS` (there only that it compiles: ``vgprs`` and ``scratch_bytes``) or of :data:`OTHER_NVIDIA`
-    (``pdl`` from sm_90 on)."""
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+def _compile_merge(arch: str, dtype: str, consts: dict[str, Any], num_warps: int) -> Any:
     target = _target(arch)
-    if pdl and not _pdl_target(target):
-        raise ValueError(f"pdl=True is NVIDIA-only (griddepcontrol, sm_90+); the library launches the merge on {arch} "
-                         "without it: pass pdl=False")
+    _check_dtype(dtype)
     _require_compiled()
-    from workbench import mla
+    from workbench.mla import triton_kernels
+
     runtime = {"MID_O": "*fp32", "MID_LSE": "*fp32", "OUT": f"*{dtype}", "LSE": "*fp32", "total_rows": "i32",
                "num_splits": "i32"}
-    consts = dict(BLOCK_R=16, BLOCK_D=16, SPLIT_CHUNK=8, D_LATENT=mla.KV_LORA_RANK, GDC_WAIT=pdl and not spin,
-                  LAUNCH_DEPENDENTS=pdl, TRACE_BUF=None, TRACE=False, SPIN=spin)
-    if spin:
-        runtime.update(COUNTERS="*i32", DONE="*i32")
-    else:
-        consts.update(COUNTERS=None, DONE=None)
-    kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
-                      target, dict(num_warps=4))
-    if target[0] != "cuda":
-        return dict(_amd_usage(kernel.asm["amdgcn"]), pdl=pdl, spin=spin, arch=arch)
-    ptx = kernel.asm["ptx"]
-    return dict(pdl_report(ptx), pdl=pdl, spin=spin, arch=arch,
-                acquire_polls=sum("atom." in ln and ".acquire" in ln and ".gpu" in ln for ln in ptx.splitlines()))
+    return _compile(triton_kernels.mla_decode_merge_kernel, runtime, dict(consts, D_LATENT=512),
+                    {"MID_O", "MID_LSE", "OUT", "LSE"}, target, dict(num_warps=num_warps))
+
+
+def merge_kernel_report(pdl: bool = True, dtype: str = "bf16", *, arch: str = "sm_90") -> dict[str, Any]:
+    """Compile the decode's merge as the library launches it (with PDL: waiting for the split kernel, then letting
+    the next call's split kernel launch) and report :func:`pdl_report`. ``arch``: ``"sm_90"`` or one of
+    :data:`OTHER_NVIDIA` (``pdl`` from sm_90 on) or of :data:`AMD_TARGETS` (there only that it compiles:
+    ``vgprs`` and ``scratch_bytes``)."""
+    if pdl and not _pdl_target(_target(arch)):
+        raise ValueError(f"pdl=True is NVIDIA-only (griddepcontrol, sm_90+); the library launches the merge on {arch} "
+                         "without it: pass pdl=False")
+    kernel = _compile_merge(arch, dtype, dict(BLOCK_R=16, BLOCK_D=16, SPLIT_CHUNK=8, GDC_WAIT=pdl,
+                                              LAUNCH_DEPENDENTS=pdl), 4)
+    if arch.startswith("gfx"):
+        return dict(_amd_usage(kernel.asm["amdgcn"]), pdl=pdl, arch=arch)
+    return dict(pdl_report(kernel.asm["ptx"]), pdl=pdl, arch=arch)
 
 
 def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = "sm_90",
                       dtype: str = "bf16", num_warps: int = 4) -> dict[str, Any]:
-    """Compile the second-kernel merge with one tile (``block_r`` rows x ``block_d`` columns, ``split_chunk``
-    partials loaded at once, ``num_warps`` warps; :meth:`workbench.mla.TritonConfig.merge_tile` and
-    :meth:`~workbench.mla.TritonConfig.merge_num_warps` pick them) for ``arch``
-    (``"sm_90"`` or one of :data:`AMD_TARGETS`) and report its registers and spills: ``regs`` and
-    ``spill_bytes`` (``ptxas -v``) on NVIDIA, ``vgprs`` and ``scratch_bytes`` on AMD."""
-    target = _target(arch)
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype must be 'bf16', 'fp16' or 'fp32', got {dtype!r}")
-    _require_compiled()
-    from workbench import mla
-    runtime = {"MID_O": "*fp32", "MID_LSE": "*fp32", "OUT": f"*{dtype}", "LSE": "*fp32", "total_rows": "i32",
-               "num_splits": "i32"}
-    consts = dict(BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=split_chunk, D_LATENT=mla.KV_LORA_RANK,
-                  GDC_WAIT=False, LAUNCH_DEPENDENTS=False, TRACE_BUF=None, TRACE=False)
-    kernel = _compile(mla._mla_decode_merge_kernel, runtime, consts, {"MID_O", "MID_LSE", "OUT", "LSE"},
-                      target, dict(num_warps=num_warps))
+    """Compile the merge with one tile (``block_r`` rows x ``block_d`` columns, ``split_chunk`` partials loaded at
+    once, ``num_warps`` warps; :meth:`workbench.mla.TritonConfig.merge_tile` and
+    :meth:`~workbench.mla.TritonConfig.merge_num_warps` pick them) for ``arch`` (``"sm_90"`` or one of
+    :data:`AMD_TARGETS`) and report its registers and spills: ``regs`` and ``spill_bytes`` (``ptxas -v``) on
+    NVIDIA, ``vgprs`` and ``scratch_bytes`` on AMD."""
+    kernel = _compile_merge(arch, dtype, dict(BLOCK_R=block_r, BLOCK_D=block_d, SPLIT_CHUNK=split_chunk), num_warps)
     report: dict[str, Any] = {"tile": (block_r, block_d), "split_chunk": split_chunk, "warps": num_warps,
                               "arch": arch}
     if arch == "sm_90":
-        report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "_mla_decode_merge_kernel")
+        report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "mla_decode_merge_kernel")
     else:
         report.update(_amd_usage(kernel.asm["amdgcn"]))
     return report
@@ -325,158 +293,76 @@ GLUON_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on an H1
 
 
 def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], options: dict[str, Any],
-                   name: str, extra_runtime: dict[str, str] | None = None) -> tuple[Any, str, dict[str, Any]]:
-    """Compile one of the gluon split kernels for Hopper with the library's argument types (``OUT`` in ``dtype``
-    when ``direct``, else fp32 partials) and return it, its PTX and the facts both reports share: ``regs`` and
-    ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes) and ``wgmma`` (``wgmma.mma_async`` instructions)."""
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype must be 'bf16' or 'fp16' (the gluon kernels are 16-bit only), got {dtype!r}")
+                   name: str) -> tuple[Any, str, dict[str, Any]]:
+    """Compile one of the Gluon split kernels for Hopper with the library's argument types (``OUT`` in ``dtype``:
+    the final output, or the 16-bit partials) and return it, its PTX and the facts every report shares: ``regs``
+    and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes), ``wgmma`` (``wgmma.mma_async`` instructions),
+    ``global_stores`` (``st.global`` kinds: ``st.global.v4.b32`` are 16-byte vectors) and, with PDL,
+    :func:`pdl_report`."""
+    _check_dtype(dtype, ("bf16", "fp16"))
     _require_compiled()
+    import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    runtime = {k: v.format(dt=dtype) for k, v in _RUNTIME_ARGS.items()}
-    if direct:
-        runtime["OUT"] = f"*{dtype}"
-    runtime.update(extra_runtime or {})
+    runtime = {k: v.format(dt=dtype, out=dtype) for k, v in _RUNTIME_ARGS.items()}
     kernel = _compile(fn, runtime, dict(consts, DIRECT=direct, D_LATENT=512, D_ROPE=64), _DIVISIBLE_BY_16, HOPPER,
                       options, source=GluonASTSource)
     ptx = kernel.asm["ptx"]
     regs, spills = _ptxas_usage(ptx, name)
     return kernel, ptx, {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
-                         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx))}
+                         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "global_stores": _global_stores(ptx),
+                         "cp_async_wait": _async_waits(ptx), "pdl": pdl_report(ptx) if consts.get("PDL") else None,
+                         "triton": triton.__version__}
 
 
-def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", cluster: int = 0,
-                        pdl: bool = False, tma_store: bool = False, block_n: int = 64,
-                        num_buffers: int = 2, coalesced_store: bool = False, narrow: bool = False) -> dict[str, Any]:
-    """Compile :mod:`workbench.mla_gluon`'s split kernel for Hopper (Triton's Gluon frontend, on any machine) and
-    report ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes; the limit is :data:`GLUON_SMEM_LIMIT`),
-    ``wgmma`` (``wgmma.mma_async`` instructions: 36 for q k^T over 576 values in k-steps of 16, 4 for P V) and
-    ``cp_async_wait`` (the ``cp.async.wait_group`` counts: 1 in the loop, the next tile's copies in flight while
-    this one is used). ``cluster`` (2, 4 or 8): the variant that merges its splits inside a thread-block cluster;
-    ``cluster_barriers`` counts its ``barrier.cluster.arrive`` instructions (one, after the partial stores).
-    ``pdl``: the PDL-launched variant; ``pdl`` in the result is then :func:`pdl_report` of its PTX.
-    ``tma_store``: the variant whose whole row blocks write their partial by TMA; ``tma_stores`` counts its
-    ``cp.async.bulk.tensor`` stores (one per 64 x 32 fp32 box: 16) and ``bulk_waits`` its waits for them.
-    ``coalesced_store``: the variant that stages its partial in shared memory and stores it row-major;
-    ``global_stores`` counts the PTX's ``st.global`` instructions by kind (``st.global.v4.b32``: 16-byte vectors).
-    ``narrow``: partials in ``dtype`` instead of fp32 (``TritonConfig.narrow_partials``).
-    ``block_n`` and ``num_buffers``: the tile (64 or 32 tokens) and its buffers (2 or 4; ``cp_async_wait`` then
-    shows ``num_buffers - 1`` tiles left in flight)."""
-    if cluster and direct:
-        raise ValueError("cluster merges partials: it needs direct=False")
-    if tma_store and (direct or cluster):
-        raise ValueError("tma_store writes partials outside a cluster: it needs direct=False and cluster=0")
-    import triton
-    from workbench import mla_gluon
+def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", pdl: bool = True) -> dict[str, Any]:
+    """Compile :mod:`workbench.mla.gluon`'s split kernel for Hopper (on any machine) and report what
+    :func:`_compile_gluon` reports: ``shared`` (the limit is :data:`GLUON_SMEM_LIMIT`), ``wgmma`` (36 for q k^T over
+    576 values in k-steps of 16, 4 for P V), ``cp_async_wait`` (1 in the loop: the next tile's copies in flight while
+    this one is used)."""
+    from workbench.mla import gluon
 
-    consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl, BN=block_n, NBUF=num_buffers)
-    extra: dict[str, str] = {}
-    if cluster:
-        consts.update(CLUSTER=cluster, MERGE_L=mla_gluon.cluster_merge_layout(cluster))
-    if narrow:
-        if direct:
-            raise ValueError("narrow is a mode of the partials: it needs direct=False")
-        extra["OUT"] = f"*{dtype}"
-    if coalesced_store:
-        if cluster or tma_store:
-            raise ValueError("coalesced_store stores from registers outside a cluster: it needs cluster=0 and "
-                             "tma_store=False")
-        consts["COALESCED_STORE"] = True
-    if tma_store:
-        consts["TMA_STORE"] = True
-        extra["PART_DESC"] = f"tensordesc<fp32[{mla_gluon.BLOCK_M}, 512],{mla_gluon.PARTIAL_LAYOUT!r}>"
-    _, ptx, report = _compile_gluon(mla_gluon.mla_decode_gluon_split_kernel, dtype, direct, consts,
-                                    dict(num_warps=mla_gluon.NUM_WARPS), "gluon", extra)
-    return dict(report, cp_async_wait=_async_waits(ptx),
-                cluster_barriers=len(re.findall(r"barrier\.cluster\.arrive", ptx)),
-                tma_stores=len(_TMA_STORE.findall(ptx)),
-                global_stores=_global_stores(ptx),
-                bulk_waits=len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
-                pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
+    _, _, report = _compile_gluon(gluon.mla_decode_gluon_split_kernel, dtype, direct, dict(NUM_HEADS=heads, PDL=pdl),
+                                  dict(num_warps=gluon.NUM_WARPS), "gluon")
+    return report
 
 
 def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", block_m: int = 16,
-                             pdl: bool = True, narrow: bool = True, num_warps: int | None = None,
-                             trace: bool = False) -> dict[str, Any]:
-    """Compile :mod:`workbench.mla_gluon_swap`'s split kernel (``block_m`` 16 or 32 folded rows as wgmma's N) for
-    Hopper on any machine and report ``regs``, ``spill_bytes``, ``shared`` (bytes), ``wgmma`` (36 for
-    ``S^T = K q^T`` over 576 values in k-steps of 16, 32 for ``O^T = V^T P^T``: 8 blocks of 64 output columns x 4
-    k-steps of 16 tokens), ``wgmma_shapes`` (the instruction names: ``m64n<block_m / warpgroups>k16``),
-    ``ldmatrix`` (shared memory read into registers by ``ldmatrix``: none, every product reads its operands from
-    shared memory itself), ``cp_async_wait`` (1 in the loop: the next tile in flight while this one is used)
-    and, with ``pdl``, :func:`pdl_report` of its PTX. ``narrow``: partials in ``dtype`` (as
-    :data:`workbench.mla.GLUON_SWAP_CONFIG`).
-    ``num_warps``: 4 (one warpgroup) or 8 (two, each with half the rows); default
-    :func:`workbench.mla_gluon_swap.num_warps_for`. ``global_stores`` counts the PTX's ``st.global`` kinds (the
-    output leaves row-major in 16-byte vectors: ``st.global.v4.b32``). ``trace``: the instrumented variant
-    (``mla_decode_triton(..., trace=)``); ``globaltimer`` counts its timer reads (entry, after the wait, one in
-    the loop, exit: 4; none untraced)."""
-    import triton
-    from workbench import mla_gluon_swap
+                             pdl: bool = True) -> dict[str, Any]:
+    """Compile :mod:`workbench.mla.gluon_swap`'s split kernel (``block_m`` 16 or 32 folded rows as wgmma's N) for
+    Hopper and report what :func:`_compile_gluon` reports (``wgmma``: 36 for ``S^T = K q^T`` over 576 values in
+    k-steps of 16, 32 for ``O^T = V^T P^T``: 8 blocks of 64 output columns x 4 k-steps of 16 tokens), plus
+    ``wgmma_shapes`` (``m64n<block_m>k16``) and ``ldmatrix`` (shared memory read into registers by ``ldmatrix``:
+    none, every product reads its operands from shared memory itself)."""
+    from workbench.mla import gluon_swap
 
-    warps = mla_gluon_swap.num_warps_for(block_m) if num_warps is None else num_warps
-    if warps not in mla_gluon_swap.WARPS:
-        raise ValueError(f"num_warps must be one of {mla_gluon_swap.WARPS}, got {warps}")
-    extra = {"OUT": f"*{dtype}"} if narrow and not direct else {}
-    consts: dict[str, Any] = dict(NUM_HEADS=heads, PDL=pdl, BR=block_m)
-    if trace:
-        extra["TRACE_BUF"] = "*i64"
-        consts["TRACE"] = True
-    _, ptx, report = _compile_gluon(mla_gluon_swap.mla_decode_gluon_swap_kernel, dtype, direct, consts,
-                                    dict(num_warps=warps), "gluon_swap", extra)
+    if block_m not in gluon_swap.ROW_BLOCKS:
+        raise ValueError(f"block_m must be one of {gluon_swap.ROW_BLOCKS}, got {block_m}")
+    _, ptx, report = _compile_gluon(gluon_swap.mla_decode_gluon_swap_kernel, dtype, direct,
+                                    dict(NUM_HEADS=heads, PDL=pdl, BR=block_m), dict(num_warps=gluon_swap.NUM_WARPS),
+                                    "gluon_swap")
     return dict(report, wgmma_shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)), num_warps=warps,
-                globaltimer=len(re.findall(r"%globaltimer", ptx)),
-                global_stores=_global_stores(ptx),
-                cp_async_wait=_async_waits(ptx),
-                pdl=pdl_report(ptx) if pdl else None, triton=triton.__version__)
+                ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)))
 
 
-def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16", coalesced_store: bool = False,
-                           narrow: bool = False, handoff: bool = False, idx_ahead: bool = False,
-                           early_q: bool = False, split_merge: bool = False) -> dict[str, Any]:
-    """Compile :mod:`workbench.mla_gluon_ws`'s warp-specialised split kernel (experimental) for Hopper and report
-    ``shared`` (bytes), ``wgmma`` (per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps of 16,
-    2 for each of its three P V sites; two such functions), ``regs`` and ``spill_bytes`` (``ptxas -v`` at the
-    launch's ``maxnreg``; the partitions raise or lower it with setmaxnreg) and ``partition_barriers`` (the
-    named barriers of 128 threads that the partitions synchronise on). ``coalesced_store`` and ``narrow`` as for
-    :func:`gluon_kernel_report`, with ``global_stores`` likewise. ``handoff``: the hand-over schedule
-    (``TritonConfig.ws_handoff``, with ``coalesced_store``); ``wgmma_waits`` counts the PTX's ``wgmma.wait_group``
-    instructions by their count of groups left in flight; ``mbarrier_waits`` the mbarrier waits (``try_wait``).
-    ``idx_ahead`` and ``early_q`` (with ``handoff``): ``TritonConfig.ws_idx_ahead`` and ``ws_early_q``;
-    ``cp_async_wait`` counts the PTX's ``cp.async.wait_group`` instructions (the query tile's wait before the
-    partitions start; none with ``early_q``), ``cp_async_mbarrier_arrive`` its ``cp.async.mbarrier.arrive``
-    instructions (one per loader site, one more for the query tile with ``early_q``). ``split_merge`` (with
-    ``idx_ahead``, partials): ``TritonConfig.ws_split_merge``; ``count_ops`` counts the PTX's ``red.release.gpu``
-    (arrivals), ``ld.acquire.gpu`` (polls) and ``atom.acq_rel.gpu`` (leaves) instructions."""
-    from workbench import mla_gluon_ws
+def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16",
+                           idx_ahead: bool = True) -> dict[str, Any]:
+    """Compile :mod:`workbench.mla.gluon_ws`'s warp-specialised split kernel for Hopper and report what
+    :func:`_compile_gluon` reports (``wgmma`` per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps
+    of 16, 2 for each of its P V sites; ``regs`` at the launch's ``maxnreg``: the partitions raise or lower it with
+    setmaxnreg), plus ``partition_barriers`` (the named barriers of 128 threads the partitions synchronise on),
+    ``wgmma_waits`` (``wgmma.wait_group`` instructions by their count of groups left in flight) and
+    ``mbarrier_waits`` (``try_wait``s)."""
+    from workbench.mla import gluon_ws
 
-    if narrow and direct:
-        raise ValueError("narrow is a mode of the partials: it needs direct=False")
-    if handoff and not coalesced_store:
-        raise ValueError("handoff is written for the coalesced store: it needs coalesced_store=True")
-    if (idx_ahead or early_q) and not handoff:
-        raise ValueError("idx_ahead and early_q are modes of the hand-over schedule: they need handoff=True")
-    if split_merge and (direct or not idx_ahead):
-        raise ValueError("split_merge merges partials with the idx-ahead loader: it needs direct=False and "
-                         "idx_ahead=True")
-    _, ptx, report = _compile_gluon(mla_gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=True, COALESCED_STORE=coalesced_store, HANDOFF=handoff,
-                                         IDX_AHEAD=idx_ahead, EARLY_Q=early_q, SPLIT_MERGE=split_merge),
-                                    dict(num_warps=mla_gluon_ws.NUM_WARPS, maxnreg=mla_gluon_ws.MAX_REGS), "gluon_ws",
-                                    {"OUT": f"*{dtype}"} if narrow else None)
+    _, ptx, report = _compile_gluon(gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
+                                    dict(NUM_HEADS=heads, PDL=True, IDX_AHEAD=idx_ahead),
+                                    dict(num_warps=gluon_ws.NUM_WARPS, maxnreg=gluon_ws.MAX_REGS), "gluon_ws")
     waits: dict[int, int] = {}
     for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
         waits[int(n)] = waits.get(int(n), 0) + 1
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
-                global_stores=_global_stores(ptx), wgmma_waits=waits,
-                mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
-                cp_async_wait=len(re.findall(r"cp\.async\.wait_group", ptx)),
-                cp_async_mbarrier_arrive=len(re.findall(r"cp\.async\.mbarrier\.arrive", ptx)),
-                count_ops={op: len(re.findall(re.escape(op), ptx))
-                           for op in ("red.release.gpu", "ld.acquire.gpu", "atom.acq_rel.gpu")},
-                pdl=pdl_report(ptx))
+                wgmma_waits=waits, mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)))
 
 
 def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:
@@ -494,20 +380,17 @@ def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None,
     return (int(regs[-1]) if regs else None), (int(spills[-1]) if spills else 0)
 
 
-def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_split: bool | None = None,
+def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl: bool | None = None,
                         arch: str = "sm_90a") -> dict[str, Any]:
-    """Compile ``_mla_decode_split_kernel`` for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and
-    report ``regs`` and ``spill_bytes`` (from ``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's
-    shared-memory allocations: a leading dimension of 2 or more is a multi-buffered pipeline),
-    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight), ``ptx_lines`` and
-    ``tma_stores`` (TMA store instructions in the PTX: non-zero with ``cfg.tma_store``).
-    The split kernel is specialised as the library launches it with more than one split (partials, second-kernel
-    merge, PDL as ``cfg`` says unless ``pdl_split`` overrides it)."""
+    """Compile the Triton split kernel for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and report
+    ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's shared-memory
+    allocations: a leading dimension of 2 or more is a multi-buffered pipeline), ``async_wait_num`` (the ``num`` of
+    each async wait: the copy groups left in flight), ``loop_order`` (:func:`loop_order`), ``ptx_lines`` and
+    :func:`pdl_report`. Specialised as the library launches it with more than one split."""
     import triton
 
-    kernel = _compile_split(cfg, heads, dtype, pdl_split, HOPPER)
+    kernel = _compile_split(cfg, heads, dtype, HOPPER, pdl)
     ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
-    order = loop_order(ttgir)
     regs, spills = _ptxas_usage(ptx, cfg.label.replace(" ", "_"), arch)
     return {
         "label": cfg.label,
@@ -516,8 +399,7 @@ def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl_s
         "shared_buffers": sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)", ttgir))),
         "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
         "ptx_lines": ptx.count("\n"),
-        "tma_stores": len(_TMA_STORE.findall(ptx)),
-        "loop_order": order,
+        "loop_order": loop_order(ttgir),
         **pdl_report(ptx),
         "triton": triton.__version__,
     }
@@ -554,20 +436,31 @@ def loop_order(ttgir: str) -> list[str]:
     return out
 
 
-def main() -> None:  # pragma: no cover - a command-line view of the same report
-    """``TRITON_INTERPRET=0 python -m workbench.codegen``: the report for each default decode config."""
+def main() -> None:  # pragma: no cover - a command-line view of the same reports
+    """``TRITON_INTERPRET=0 python -m workbench.codegen``: the report of every config of the tuned tables (Triton
+    configs for sm_90, Gluon configs by their kernel's report, ROCm configs for gfx942 and gfx950)."""
     import json
 
-    import torch
+    from workbench.mla import policy
 
-    from workbench import mla
-
-    for rows, tokens in DEFAULT_CASES:
-        print(json.dumps(split_kernel_report(mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda",
-                                                               gluon=False), heads=16)))
-    print(json.dumps(gluon_kernel_report()))
-    for rows in (16, 32, 64):
-        print(json.dumps(amd_kernel_report(mla.triton_config(rows, torch.bfloat16, backend="hip"), heads=16)))
+    for family in ("nvidia", "rocm"):
+        seen = set()
+        for rule in policy.tuned_table(family)["rules"]:
+            cfg = rule["_config"]
+            if cfg.key in seen:
+                continue
+            seen.add(cfg.key)
+            if family == "rocm":
+                for arch in ("gfx942", "gfx950"):
+                    print(json.dumps(dict(amd_kernel_report(cfg, arch=arch), rule=rule["name"])))
+            elif cfg.kernel == "triton":
+                print(json.dumps(dict(split_kernel_report(cfg), rule=rule["name"])))
+            elif cfg.kernel == "gluon":
+                print(json.dumps(dict(gluon_kernel_report(), rule=rule["name"])))
+            elif cfg.kernel == "gluon_ws":
+                print(json.dumps(dict(gluon_ws_kernel_report(idx_ahead=cfg.idx_ahead), rule=rule["name"])))
+            else:
+                print(json.dumps(dict(gluon_swap_kernel_report(block_m=cfg.block_m), rule=rule["name"])))
 
 
 if __name__ == "__main__":  # pragma: no cover

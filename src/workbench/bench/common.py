@@ -176,17 +176,3 @@ def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path
-
-
-def report_probe_rounds(rows: list[dict[str, Any]], command: str, out: str | None = None) -> None:
-    """The closing report of the ``scripts/`` probes of the index expansion: one line per (requests, tokens, label)
-    with its time in every round (us), marked WRONG where any round's output disagreed (``agree`` False); then,
-    when ``out`` is given, the rows with their provenance (``command``) as JSON."""
-    table: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        table.setdefault((row["R"], row["L"], row["label"]), []).append(row)
-    for (R, L, label), rs in table.items():
-        bad = any(r.get("agree") is False for r in rs)
-        print(f"{R:5d}x{L:<6d} {label:24s} " + " ".join(f"{r['us']:8.3f}" for r in rs) + ("  WRONG" if bad else ""))
-    if out:
-        write_json(out, {"provenance": provenance(command), "rows": rows})

@@ -1,19 +1,10 @@
 """The committed H200 bars of both benchmarks in one table: ``workbench results`` and the README's table.
 
-Reads the JSON that ``workbench bench expand`` and ``workbench bench decode`` wrote on the H200 and that is
-committed under ``src/workbench/data/`` (:func:`workbench.perfmodel.load_measurement`). Nothing is timed
-here: every number comes from those files, and every derived number (what a missed bar would need) is
-computed from numbers measured in the same run.
-
-For each missed bar the table says how far off it is, in the terms that decide whether any kernel could
-meet it:
-
-* a qlen-ratio bar of the decode (16 heads, qlen ``q`` at most 1.25x the qlen-1 time): the qlen-``q`` call
-  has ``perfmodel.mla_decode_flops(16, B, L, q)`` to do in 1.25x the qlen-1 call's time, which needs a FLOP
-  rate; it is set against the bf16 matrix product measured in the same run (:func:`qlen_bar_needs`; chapter
-  3, section "The benchmark");
-* a latency bar of the expansion: the same case's torch ``fill_`` of the output bytes and the kernel with the
-  caller's ``kv_indptr``, both timed in the same run (chapter 2).
+Reads the JSON that ``workbench bench expand`` and ``workbench bench decode`` wrote on the H200 and that is committed
+under ``src/workbench/data/`` (:func:`workbench.perfmodel.load_measurement`). Nothing is timed here: every number
+comes from those files. For a missed bar the note says how far off it is, in terms measured in the same run: the
+decode's rates against FlashMLA's and the matrix-product ceiling; the expansion's latency against a torch ``fill_``
+of the same output bytes.
 """
 
 from __future__ import annotations
@@ -24,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import perfmodel
-from workbench.bench import decode as bench_decode
 
-__all__ = ["BarRow", "committed_bars", "format_markdown", "format_text", "qlen_bar_needs"]
+__all__ = ["BarRow", "committed_bars", "format_markdown", "format_text"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,45 +33,6 @@ class BarRow:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _point(data: dict[str, Any], heads: int, qlen: int, batch: int, context: int) -> dict[str, Any]:
-    r = bench_decode.find_point(data["results"], heads, qlen, batch, context)
-    if r is not None:
-        return r
-    raise ValueError(f"the decode results have no point heads={heads} qlen={qlen} batch={batch} context={context}: "
-                     "is the file the output of a full `workbench bench decode` run?")
-
-
-def qlen_bar_needs(data: dict[str, Any], qlen: int, *, heads: int = 16, factor: float = 1.25,
-                   pairs: list[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
-    """What each qlen-ratio bar point asks of the qlen-``qlen`` call, from one committed decode run.
-
-    The call may take ``factor`` x the qlen-1 call's time (the sweep's qlen-1 point) and must do
-    ``perfmodel.mla_decode_flops(heads, B, L, qlen)`` in it: ``needs_tflops``, and that as a fraction of the bf16
-    matrix product measured in the same run (``of_matmul``; above 1, no kernel doing those FLOPs in bf16 meets the
-    bar on that machine). ``measured_tflops`` is the rate the kernel reached at that point in the run.
-
-    Args:
-        data: the payload of ``bench_decode_<device>.json`` (``results`` and ``ceilings``).
-        qlen: query length of the bar (4 or 8 in the committed bars).
-        heads: query heads (16 in the bars).
-        factor: the bar's bound on the time ratio (1.25).
-        pairs: ``(batch, context)`` points (default: the bars', ``bench.decode.QLEN_PAIRS``).
-
-    Returns:
-        one dict per point: batch, context, qlen1_us, allowed_us, needs_tflops, of_matmul, measured_tflops.
-    """
-    if qlen < 1 or factor <= 0:
-        raise ValueError(f"qlen must be >= 1 and factor > 0, got qlen={qlen}, factor={factor}")
-    matmul = data["ceilings"]["matmul_bf16"]["tflops"]
-    rows = []
-    for b, l in pairs or bench_decode.QLEN_PAIRS:
-        t1 = _point(data, heads, 1, b, l)["triton_us"]
-        need = perfmodel.mla_decode_flops(heads, b, l, qlen) / (factor * t1 * 1e-6) / 1e12
-        rows.append(dict(batch=b, context=l, qlen1_us=t1, allowed_us=factor * t1, needs_tflops=need,
-                         of_matmul=need / matmul, measured_tflops=_point(data, heads, qlen, b, l)["tflops"]))
-    return rows
 
 
 def _k(tokens: int) -> str:
@@ -120,32 +71,33 @@ def _expand_rows(data: dict[str, Any]) -> list[BarRow]:
 def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
     copy = data["ceilings"]["copy"]["gb_s"]
     matmul = data["ceilings"]["matmul_bf16"]["tflops"]
-    bars = {bar.name: bar for bar in bench_decode.BARS}
+    points = {r["key"]: r for r in data["results"]}
     out = []
     for b in data["bars"]:
-        bar = bars.get(b["name"])
-        if bar is None:
-            raise ValueError(f"decode bar {b['name']!r} is not one of bench.decode.BARS: is the file current?")
+        r, v, kind = points.get(b["point"], {}), b["value"], b["kind"]
         point, rule = b["name"].split(": ", 1)
-        v, note = b["value"], ""
-        if bar.kind == "kv_fraction_of_copy":
-            measured = f"{v:.1%} of copy ({v * copy / 1000:.2f} TB/s)"
-        elif bar.kind == "kv_gb_s":
-            measured = f"{v / 1000:.2f} TB/s"
-        elif bar.kind == "tflops":
-            measured = f"{v:.0f} TFLOP/s ({v / matmul:.0%} of matmul)"
-        elif bar.kind == "qlen_time_ratio":
-            measured = f"{v:.2f}x"
-            if "rounds" in b:
-                note = f"median of {len(b['rounds'])} paired rounds, {b['ratio_min']:.2f}-{b['ratio_max']:.2f}"
+        note = b.get("note", "")
+        if v is None:
+            out.append(BarRow("decode", f"{point}: {rule}", "not measured", float("nan"), b["verdict"], note))
+            continue
+        if kind == "flashmla_ratio":
+            measured = f"{v:.2f}x ({r['workbench_us']:.1f} against {r['flashmla_us']:.1f} us)"
+            lo, hi = r["ratio_range"]
+            note = f"{len(r['rounds'])} rounds, {lo:.2f}-{hi:.2f}"
             if b["verdict"] != "PASS":
-                (n,) = qlen_bar_needs(data, bar.qlen, heads=bar.heads, factor=bar.target,
-                                      pairs=[(bar.batch, bar.context)])
-                note += (f"; needs {n['needs_tflops']:.0f} TFLOP/s = {n['of_matmul']:.0%} of the bf16 matmul measured "
-                         f"in the same run ({matmul:.0f}); the kernel reaches {n['measured_tflops']:.0f}")
+                note += (f"; the workbench {r['tflops']:.0f} TFLOP/s, FlashMLA {r['flashmla_tflops']:.0f}, the bf16 "
+                         f"matmul {matmul:.0f} in the same run")
+        elif kind == "scattered_ratio":
+            measured = f"{v:.2f}x ({r['scattered_us']:.1f} against {r['workbench_us']:.1f} us)"
+        elif kind == "kv_fraction_of_copy":
+            measured = f"{v:.1%} of copy ({v * copy / 1000:.2f} TB/s)"
+        elif kind == "kv_gb_s":
+            measured = f"{v / 1000:.2f} TB/s"
+        elif kind == "tflops":
+            measured = f"{v:.0f} TFLOP/s ({v / matmul:.0%} of matmul)"
         else:
-            raise ValueError(f"decode bar {b['name']!r} has kind {bar.kind!r}, which this table does not know")
-        out.append(BarRow("decode", f"{point}: {rule}", measured, v, b["verdict"], note.lstrip("; ")))
+            raise ValueError(f"decode bar {b['name']!r} has kind {kind!r}, which this table does not know")
+        out.append(BarRow("decode", f"{point}: {rule}", measured, v, b["verdict"], note))
     return out
 
 

@@ -54,7 +54,7 @@ setup_renderer()
 from workbench.viz.roofline import roofline_figure  # noqa: E402
 from workbench.viz.blocksize import blocksize_explorer, blocksize_heatmap, blocksize_widget  # noqa: E402
 from workbench.viz.expand import expand_bench_figure, expansion_figure, loose_bound_figure  # noqa: E402
-from workbench.viz.mla import decode_bandwidth_figure, decode_roofline_figure  # noqa: E402
+from workbench.viz.mla import decode_ratio_figure, decode_roofline_figure  # noqa: E402
 from workbench.viz.metadata import interleaving_figure, schedule_figure, stress_figure  # noqa: E402
 from workbench.viz.qlen import (  # noqa: E402
     acceptance_figure, acceptance_length_figure, measured_padding_figure, padding_cost_figure, probe_figure,
@@ -69,7 +69,7 @@ __all__ = [
     "roofline_figure",
     "blocksize_explorer", "blocksize_heatmap", "blocksize_widget",
     "expand_bench_figure", "expansion_figure", "loose_bound_figure",
-    "decode_bandwidth_figure", "decode_roofline_figure",
+    "decode_ratio_figure", "decode_roofline_figure",
     "interleaving_figure", "schedule_figure", "stress_figure",
     "acceptance_figure", "acceptance_length_figure", "measured_padding_figure", "padding_cost_figure", "probe_figure",
     "comparison_figure", "expansion_per_step_figure", "k_choice_figure", "power_of_two_cost_figure", "spec_explorer",

@@ -1,9 +1,8 @@
 """A Gluon split kernel for memory-bound MLA decode with few rows per request (16 heads x qlen 1 or 2), Hopper only.
 
-Chapter 3's round 34 found where the qlen-1 small-batch Triton tile (16 rows x 64 tokens, 8 warps, ``mma.sync``)
-loses time against a kernel that only streams the rows: its loop reads about 300 KB of shared memory per tile
-with ``ldmatrix``, half of it the 16-row query, which every one of the 8 warps reloads for its 8 tokens. This
-kernel puts the tokens where ``wgmma`` wants its 64 rows instead (``swap AB``):
+A Triton tile of 16 rows x 64 tokens on 8 warps (``mma.sync``) reads about 300 KB of shared memory per tile with
+``ldmatrix``, half of it the 16-row query, which every one of the 8 warps reloads for its 8 tokens. This kernel puts
+the tokens where ``wgmma`` wants its 64 rows instead (``swap AB``):
 
 * ``S^T = K q^T``: A is the tile of 64 cache rows (tokens x 576, straight from the gather buffer), B the query
   (rows x 576; N = 16 or 32 folded rows). One warpgroup reads the tile and the query once each;
@@ -11,22 +10,12 @@ kernel puts the tokens where ``wgmma`` wants its 64 rows instead (``swap AB``):
   either major order from shared memory), B the 64 x rows probabilities, stored to a 2 KB shared buffer;
 * the online softmax runs along the tokens (axis 0 of ``S^T``), the output accumulator is ``(512, rows)``.
 
-About 170 KB of shared-memory reads per tile (72 KB + 64 KB of cache rows, the query, P once per 64 output
-columns) instead of about 300 KB, on 4 warps (one warpgroup: the M of both products is a multiple of 64). The
-gather pipeline (``cp.async`` rows by index, zero-filled past the end, two tile buffers, indices one tile ahead)
-and the prologue are :mod:`workbench.mla_gluon`'s. The output or partial leaves row-major in 16-byte vectors
-through the idle tile buffers; partials have the Triton split kernel's format, so
-:func:`workbench.mla.mla_decode_triton`'s merge kernel combines them. With ``TRACE`` every program stamps
-``%globaltimer`` as the Triton split kernel does (``mla_decode_triton(..., trace=)``).
-
-On 8 warps two warpgroups sit side by side along the rows (N), each with half of them: that is the only way to
-64 rows (on one warpgroup its ``(512, 64)`` fp32 accumulator would need 256 registers per thread), but each
-warpgroup then reads the whole tile. Measured on an H200 (chapter 3, round 36b) both 8-warp forms were slower
-than the defaults they were compared with: 64 rows by 13-38 % against the 64-row kernels of
-:mod:`workbench.mla_gluon`, 16 and 32 rows by 7-18 % against one warpgroup. They stay for the measurement.
-
-NVIDIA sm_90 only, 16-bit dtypes only; chosen by ``TritonConfig(gluon_swap=True)``, which
-:func:`workbench.mla.triton_config` returns for at most 32 rows per request on Hopper (round 36).
+About 170 KB of shared-memory reads per tile instead of about 300 KB, on 4 warps (one warpgroup: the M of both
+products is a multiple of 64; on one warpgroup a ``(512, 64)`` fp32 accumulator would need 256 registers per
+thread, so 64 rows go to :mod:`workbench.mla.gluon`). The gather pipeline (``cp.async`` rows by index, zero-filled
+past the end, two tile buffers, indices one tile ahead) and the prologue are :mod:`workbench.mla.gluon`'s. The
+output or partial leaves row-major in 16-byte vectors through the idle tile buffers; partials have the Triton
+split kernel's format, so its merge kernel combines them. NVIDIA sm_90 only, 16-bit dtypes only.
 """
 
 from __future__ import annotations
@@ -36,23 +25,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from workbench.mla_gluon import (_cta_barrier, gather_step, globaltimer, lse_from_base2, program_range,
-                                  staging_buffer, start_pipeline, store_rows_coalesced)
+from workbench.mla.gluon import (_cta_barrier, gather_step, lse_from_base2, program_range, staging_buffer,
+                                  start_pipeline, store_rows_coalesced)
 
-__all__ = ["BLOCK_N", "NUM_BUFFERS", "ROW_BLOCKS", "WARPS", "mla_decode_gluon_swap_kernel", "num_warps_for"]
+__all__ = ["BLOCK_N", "NUM_BUFFERS", "NUM_WARPS", "ROW_BLOCKS", "mla_decode_gluon_swap_kernel"]
 
 BLOCK_N = 64  # cache rows (tokens) per tile: wgmma's M
 NUM_BUFFERS = 2  # tile buffers (a third does not fit beside the query: 3 x 73.7 KB + 18.4 KB > 227 KB)
-ROW_BLOCKS = (16, 32, 64)  # folded rows per program (wgmma's N, over one or two warpgroups)
-WARPS = (4, 8)  # one warpgroup, or two that split the rows (N) between them
-
-
-def num_warps_for(block_m: int) -> int:
-    """Warps of the default launch for ``block_m`` rows: one warpgroup up to 32 rows, two (32 rows each) for 64,
-    whose ``(512, 64)`` fp32 accumulator would take 256 registers per thread on one."""
-    if block_m not in ROW_BLOCKS:
-        raise ValueError(f"block_m must be one of {ROW_BLOCKS}, got {block_m}")
-    return 4 if block_m <= 32 else 8
+ROW_BLOCKS = (16, 32)  # folded rows per program (wgmma's N)
+NUM_WARPS = 4  # one warpgroup
 
 
 @gluon.jit
@@ -86,35 +67,26 @@ def mla_decode_gluon_swap_kernel(
     D_LATENT: gl.constexpr,
     D_ROPE: gl.constexpr,
     PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before, then let the merge launch early
-    BR: gl.constexpr = 16,  # folded rows per program: 16 or 32 (4 or 8 warps), 64 (8 warps)
-    TRACE_BUF=None,  # TRACE: (programs, TRACE_SLOTS) int64 timestamps (workbench.mla.trace_buffers)
-    TRACE: gl.constexpr = False,  # record %globaltimer at entry, after the PDL wait, after each of the first
-    #                               TRACE_TILES tiles and at exit, as the Triton split kernel does
-    TRACE_SLOTS: gl.constexpr = 64,
-    TRACE_TILES: gl.constexpr = 60,
+    BR: gl.constexpr = 16,  # folded rows per program: 16 or 32
 ):
     BN: gl.constexpr = 64
     NBUF: gl.constexpr = 2
     NUM_WARPS_C: gl.constexpr = gl.num_warps()
-    WGN: gl.constexpr = NUM_WARPS_C // 4  # warpgroups, side by side along N (the rows)
+    gl.static_assert(NUM_WARPS_C == 4, "one warpgroup")
     dtype: gl.constexpr = Q.dtype.element_ty
     # the gather: 16-byte vectors, the warps cover 4 rows x 64 columns each per step; both accumulators, S^T
-    # (64, BR) and O^T (512, BR), in the same wgmma layout (its row slices need no conversion): each warpgroup
-    # owns BR / WGN of the rows, reads the whole tile as A and its rows of q and P as B
+    # (64, BR) and O^T (512, BR), in the same wgmma layout (its row slices need no conversion): the warpgroup
+    # reads the whole tile as A and q and P as B
     GATHER: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS_C, 1], [1, 0])
-    ACC_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WGN],
-                                                    instr_shape=[16, BR // WGN, 16])
+    ACC_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BR, 16])
     P_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BR], dtype)
 
     pid_m = gl.program_id(0)
     pid_s = gl.program_id(1)
     req = gl.program_id(2)
-    trace = TRACE_BUF
-    if TRACE:
-        trace = TRACE_BUF + (pid_m + gl.num_programs(0) * (pid_s + gl.num_programs(1) * req)) * TRACE_SLOTS
     q_start, s_q, kv_start, s_k, n_rows, k_lo, k_hi, n_tiles = program_range(QO_INDPTR, KV_INDPTR, req, pid_s,
-                                                                              num_splits, NUM_HEADS, BN, PDL,
-                                                                              trace, TRACE)
+                                                                              num_splits, NUM_HEADS, BN, PDL)
     if pid_m * BR < n_rows:
         # the query tile (rows q_start * H + pid_m * BR + r of the folded q, zero past the request's rows), the
         # copies of tile 0 (one group, the query in it) and the indices of tile 1; P's buffer
@@ -152,12 +124,6 @@ def mla_decode_gluon_swap_kernel(
             _cta_barrier()  # ... by every warp
             acc = warpgroup_mma(k_lat.permute((1, 0)), p_s, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            if TRACE:  # the timer read consumes this tile's softmax sum, so it is not hoisted above the tile
-                t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r",
-                                              [gl.max(l_i, 0).to(gl.int32, bitcast=True)], dtype=gl.int64,
-                                              is_pure=False, pack=1)
-                if i < TRACE_TILES:
-                    gl.store(trace + 4 + i, t)
         cp.wait_group(0)  # the last, empty or masked, group
 
         has = l_i > 0.0
@@ -172,5 +138,3 @@ def mla_decode_gluon_swap_kernel(
                              NUM_WARPS_C)
         grow_s = (q_start * NUM_HEADS + s_rows).to(gl.int64)
         gl.store(LSE + base + grow_s, lse, mask=s_rows < n_rows)
-    if TRACE:
-        gl.store(trace + 3, globaltimer())
