@@ -3,7 +3,7 @@
 For each ``book/*.md`` chapter (MyST, read with jupytext) this takes the outputs that the site build
 stored in its execution cache (``_build/.jupyter_cache``, jupyter-cache) and writes
 ``_build/nbval/<chapter>.ipynb``. nbval then executes each notebook again and, with ``--nbval-lax``,
-compares the cells marked ``# NBVAL_CHECK_OUTPUT`` with those stored outputs: an output that is not
+compares the cells tagged ``nbval-check-output`` with those stored outputs: an output that is not
 reproducible from one run to the next fails the test. A chapter missing from the cache (the site was not
 built, or the chapter is not in _toc.yml) is an error, not a silent pass.
 """
