@@ -374,6 +374,47 @@ def test_map_to_kernel_blocks_errors(ids, ratio, exc, match):
         bs.map_to_kernel_blocks(ids, ratio)
 
 
+@pytest.mark.parametrize("dtype, top", [(torch.int32, 2**31 // 16), (torch.int32, 2**29), (torch.int16, 2**11),
+                                        (torch.int64, 2**63 // 16)])
+def test_map_to_kernel_blocks_refuses_ids_that_would_wrap(dtype, top):
+    # issue #32: an int32 id times the ratio beyond 2**31 wrapped silently (2**30 * 4 came back as 0..3). The
+    # largest kernel id, top * ratio + ratio - 1, must fit the output dtype, else an error naming block_ids and
+    # the fix; the id just below the limit still splits exactly.
+    ratio = 16
+    ids = torch.tensor([3, top], dtype=dtype)
+    with pytest.raises(ValueError, match=rf"block_ids holds {top}: split by ratio=16 it becomes kernel block id "
+                                         rf"{top * ratio + ratio - 1}, beyond {dtype}"):
+        bs.map_to_kernel_blocks(ids, ratio)
+    ok = (torch.iinfo(dtype).max - ratio + 1) // ratio  # the largest id that fits
+    got = bs.map_to_kernel_blocks(torch.tensor([ok], dtype=dtype), ratio)
+    assert got.dtype == dtype and got.tolist() == [ok * ratio + j for j in range(ratio)]
+    if dtype != torch.int64:  # the fix the message gives: int64 ids
+        assert bs.map_to_kernel_blocks(ids.long(), ratio).tolist() == map_ref([3, top], ratio)
+    with pytest.raises(ValueError, match="beyond torch.int32"):
+        bs.map_to_kernel_blocks(torch.tensor([2**30], dtype=torch.int32), 4)  # the case of the report
+
+
+def test_map_to_kernel_blocks_numpy_ids_beyond_int64_are_refused():
+    with pytest.raises(ValueError, match="beyond int64"):
+        bs.map_to_kernel_blocks(np.array([2**63], dtype=np.uint64), 2)
+    assert bs.map_to_kernel_blocks(np.array([2**31 - 1], dtype=np.int32), 4).tolist() == map_ref([2**31 - 1], 4)
+
+
+@pytest.mark.parametrize("layout", ["strided", "transposed", "offset"])
+def test_map_to_kernel_blocks_reads_any_layout(layout):
+    t = torch.tensor([[4, 1, 7], [2, 9, 0]], dtype=torch.int32)
+    if layout == "strided":
+        wide = torch.zeros((2, 6), dtype=torch.int32)
+        wide[:, ::2] = t
+        view = wide[:, ::2]
+    elif layout == "transposed":
+        view = t.t().contiguous().t()
+    else:
+        view = torch.cat([torch.zeros(5, dtype=torch.int32), t.reshape(-1)])[5:].reshape(2, 3)
+    assert torch.equal(view, t)
+    assert bs.map_to_kernel_blocks(view, 3).tolist() == map_ref(t.tolist(), 3)
+
+
 def test_kernel_block_ratio_and_vllm_divisibility_error():
     assert bs.kernel_block_ratio(16, 1) == 16 and bs.kernel_block_ratio(128, 64) == 2 and bs.kernel_block_ratio(48, 48) == 1
     with pytest.raises(ValueError, match=r"^kernel_block_size 32 must divide kv_manager_block_size size 48 evenly$"):

@@ -742,3 +742,162 @@ def test_builder_takes_cpu_tensors_where_triton_compiles_for_a_gpu(monkeypatch, 
         bad[next(r for r, n in enumerate(lens) if n > 0), 0] = -3  # a used entry of a non-empty request
         E.build_flat_decode_metadata(bad, seq_lens, [1] * len(lens), K)
 
+
+
+# ----------------------------------------------------------------------------------------------
+# issue #32: layouts the kernels do not assume, empty batches, argument types (tests/test_fuzz_expand.py draws
+# all of these at random; these are the named cases)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", ["default", "chunk16", "group4-chunk16"])
+def test_strided_seq_lens_are_copied_not_misread(config):
+    # A stride-2 view of seq_lens was read as if contiguous: a wrong kv_indptr, then writes past the output.
+    # It is accepted now, with a contiguous copy of its num_reqs entries before the launch.
+    block_table, seq_lens, num_blocks = make_batch([5, 17, 0, 33], 16, seed=6)
+    wide = torch.full((2 * 4,), -1, dtype=seq_lens.dtype, device=DEV)
+    wide[::2] = seq_lens
+    strided = wide[::2]
+    assert not strided.is_contiguous() and torch.equal(strided, seq_lens)
+    check_against_spec(block_table, strided, 16, num_blocks=num_blocks, config=CONFIGS[config])
+    assert wide[1::2].eq(-1).all(), "the entries between the view's were changed"
+    offset = torch.cat([torch.full((3,), -1, dtype=seq_lens.dtype, device=DEV), seq_lens])[3:]  # storage offset
+    check_against_spec(block_table, offset, 16, num_blocks=num_blocks, config=CONFIGS[config])
+    md = E.build_flat_decode_metadata(block_table, strided, [1] * 4, 16, num_blocks=num_blocks)
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+    assert torch.equal(md.kv_indices.cpu(), ref_indices) and torch.equal(md.kv_indptr.cpu(), ref_indptr)
+    for fn in (E.expand_page_indices_serial, E.expand_page_indices_pre_pr, E.expand_page_indices_dense):
+        got = fn(block_table, strided, 16)
+        assert torch.equal(got[0].cpu(), ref_indices) and torch.equal(got[1].cpu(), ref_indptr), fn.__name__
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    """The same values stored column-major: strides (1, num_reqs)."""
+    return t.t().contiguous().t()
+
+
+@pytest.mark.parametrize("layout", ["transposed", "every_other_column"])
+@pytest.mark.parametrize("entry", ["expand_page_indices", "expand_page_indices_serial", "expand_page_indices_pre_pr",
+                                   "expand_page_indices_dense", "validate_expand_inputs", "builder"])
+def test_block_table_column_stride_other_than_1_is_refused(entry, layout):
+    # The kernels (the serial one too) read a row's block ids as adjacent elements: a transposed table gave silently
+    # wrong indices. Every expansion refuses it now, with the fix; any row stride stays accepted.
+    block_table, seq_lens, _ = make_batch([5, 9, 30], 4, seed=2)
+    if layout == "transposed":
+        bad = _transposed(block_table)
+    else:
+        wide = torch.zeros((3, 2 * block_table.shape[1]), dtype=block_table.dtype, device=DEV)
+        wide[:, ::2] = block_table
+        bad = wide[:, ::2]
+    assert torch.equal(bad, block_table) and bad.stride(1) != 1
+    call = {"builder": lambda: E.build_flat_decode_metadata(bad, seq_lens, [1, 1, 1], 4),
+            "validate_expand_inputs": lambda: E.validate_expand_inputs(bad, seq_lens, 4)}.get(
+        entry, lambda: getattr(E, entry)(bad, seq_lens, 4))
+    with pytest.raises(ValueError, match=r"block_table has strides \(1, 3\)|block_table has strides \(\d+, 2\)") as exc:
+        call()
+    assert "column stride 1" in str(exc.value) and "pass block_table.contiguous()" in str(exc.value)
+    check_against_spec(bad.contiguous(), seq_lens, 4)  # the fix the message gives
+
+
+def test_layouts_whose_column_stride_does_not_matter_are_accepted():
+    # One column (or one request of a transposed table) has column stride 1 or never steps along it; a row broadcast
+    # over every request (row stride 0) is read correctly as it is.
+    block_table, seq_lens, _ = make_batch([3, 4, 2], 4, seed=3, pad_blocks=0)
+    check_against_spec(_transposed(block_table), seq_lens, 4)  # width 1
+    one, lens1, _ = make_batch([9], 4, seed=4)
+    check_against_spec(_transposed(one), lens1, 4)
+    row = torch.tensor([[5, 2, 7]], dtype=torch.int32, device=DEV).expand(3, -1)
+    assert row.stride() == (0, 1)
+    check_against_spec(row, torch.tensor([12, 0, 7], dtype=torch.int32, device=DEV), 4)
+
+
+@pytest.mark.parametrize("config", ["default", "group4-chunk16"])
+def test_out_sharing_memory_with_kv_indptr_or_the_inputs_is_refused(config):
+    block_table, seq_lens, _ = make_batch([5, 9], 4, seed=1)
+    shared = torch.full((3 + 14,), SENTINEL, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="out shares memory with kv_indptr"):
+        E.expand_page_indices(block_table, seq_lens, 4, out=shared[2:], kv_indptr=shared[:3], config=CONFIGS[config])
+    assert (shared == SENTINEL).all(), "nothing may be written before the refusal"
+    lens32 = seq_lens.to(torch.int32)
+    with pytest.raises(ValueError, match="out shares memory with seq_lens"):
+        E.expand_page_indices(block_table, lens32, 4, out=lens32, validate=False, max_seq_len=9)
+    with pytest.raises(ValueError, match="kv_indptr shares memory with block_table"):
+        E.expand_page_indices(block_table, seq_lens, 4, kv_indptr=block_table.view(-1)[:3].to(torch.int32)
+                              if block_table.dtype != torch.int32 else block_table.view(-1)[:3])
+    # side by side in one buffer, not overlapping: accepted
+    check = torch.full((3 + 14 + 2,), SENTINEL, dtype=torch.int32, device=DEV)
+    kv_indices, kv_indptr = E.expand_page_indices(block_table, seq_lens, 4, out=check[3:], kv_indptr=check[:3],
+                                                  config=CONFIGS[config])
+    ref_indices, ref_indptr = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 4)
+    assert torch.equal(kv_indices.cpu(), ref_indices) and torch.equal(kv_indptr.cpu(), ref_indptr)
+    assert (check[3 + 14:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("width", [0, 3])
+def test_empty_batch_on_every_path(width):
+    # expand_page_indices_pre_pr failed on an empty batch with an unrelated reshape error; every path gives the
+    # empty result now: no indices and kv_indptr [0].
+    block_table = torch.zeros((0, width), dtype=torch.int32, device=DEV)
+    seq_lens = torch.zeros(0, dtype=torch.int32, device=DEV)
+    for fn in (E.expand_page_indices, E.expand_page_indices_pre_pr, E.expand_page_indices_serial,
+               E.expand_page_indices_dense):
+        kv_indices, kv_indptr = fn(block_table, seq_lens, 16)
+        assert kv_indices.numel() == 0 and kv_indptr.tolist() == [0] and kv_indptr.dtype == torch.int32, fn.__name__
+    zero_len = torch.zeros((2, width), dtype=torch.int32, device=DEV)  # two requests of zero tokens
+    for fn in (E.expand_page_indices, E.expand_page_indices_pre_pr, E.expand_page_indices_serial,
+               E.expand_page_indices_dense):
+        kv_indices, kv_indptr = fn(zero_len, torch.zeros(2, dtype=torch.int64, device=DEV), 16)
+        assert kv_indices.numel() == 0 and kv_indptr.tolist() == [0, 0, 0], fn.__name__
+
+
+def test_pre_pr_splits_padding_ids_in_int64():
+    # The K = 1 split covers the whole table, padding included; a padding id times K beyond int32 must not make
+    # the split refuse (or wrap): only the used ids are bound by int32.
+    block_table = torch.tensor([[3, 2**30], [5, 0]], dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor([16, 20], dtype=torch.int32, device=DEV)
+    pre = E.expand_page_indices_pre_pr(block_table, seq_lens, 16)
+    ref = E.expand_page_indices_ref(block_table.cpu(), seq_lens.cpu(), 16)
+    assert torch.equal(pre[0].cpu(), ref[0]) and torch.equal(pre[1].cpu(), ref[1])
+
+
+@pytest.mark.parametrize("entry", ["expand_page_indices", "expand_page_indices_serial", "expand_page_indices_pre_pr",
+                                   "expand_page_indices_dense", "builder"])
+def test_a_list_block_table_is_a_type_error_naming_it(entry):
+    # It raised AttributeError ('list' object has no attribute 'is_cuda') from expand_page_indices.
+    args = ([[1, 2]], torch.tensor([3], dtype=torch.int32), 16)
+    with pytest.raises(TypeError,
+                       match="block_table must be a torch.Tensor, got list; convert it with torch.as_tensor"):
+        if entry == "builder":
+            E.build_flat_decode_metadata(args[0], args[1], [1], 16)
+        else:
+            getattr(E, entry)(*args)
+    for validate in (True, False):
+        with pytest.raises(TypeError, match="block_table must be a torch.Tensor"):
+            E.expand_page_indices([[1, 2]], torch.tensor([3]), 16, validate=validate)
+
+
+@pytest.mark.parametrize("config", ["chunk16", {"block_t": 16}, 16, (16, 4)], ids=["str", "dict", "int", "tuple"])
+def test_a_config_of_the_wrong_type_is_a_type_error_naming_it(config):
+    # It raised AttributeError ('str' object has no attribute 'group').
+    block_table, seq_lens, _ = make_batch([5, 9], 4)
+    with pytest.raises(TypeError,
+                       match=r"config must be an ExpandConfig or None .* pass workbench.expand.ExpandConfig"):
+        E.expand_page_indices(block_table, seq_lens, 4, config=config)
+
+
+def test_dense_baseline_now_validates():
+    # The plain-torch baseline clamped a length past its row to the row's last block (a silently wrong answer);
+    # it takes the same checks as the kernel now (validate=False skips the value checks, for timing).
+    block_table, seq_lens = _bt([1, 2]), _bt(33)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 33 exceeds what its block_table row holds"):
+        E.expand_page_indices_dense(block_table, seq_lens, 16)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = -1 is negative"):
+        E.expand_page_indices_dense(block_table, _bt(-1), 16)
+    with pytest.raises(TypeError, match="seq_lens must have dtype"):
+        E.expand_page_indices_dense(block_table, torch.tensor([3.0]), 16, validate=False)
+
+
+def test_builder_refuses_query_lens_beyond_int32():
+    block_table, seq_lens, _ = make_batch([3, 4], 16)
+    with pytest.raises(ValueError, match=r"sum\(query_lens\) = 2147483648 exceeds int32"):
+        E.build_flat_decode_metadata(block_table, seq_lens, [2**30, 2**30], 16)

@@ -10,7 +10,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "workbench"
 # the order of the data flow: a module may import the ones before it, never the ones after
-ORDER = ["device", "pow2", "decode_metadata", "design_log", "blocksize", "upstream", "expand", "mla", "metadata",
+ORDER = ["jsonio", "device", "pow2", "decode_metadata", "design_log", "blocksize", "upstream", "expand", "mla", "metadata",
          "qlen", "perfmodel", "since_pr", "viz", "bench", "codegen", "cli", "__main__", "__init__"]
 MAX_LINES = 800
 

@@ -560,3 +560,67 @@ def test_throughput_widget_reports_the_step(prediction):
     assert "NOT a power of two" in throughput_report(prediction.target, use_rates=False, alpha=0.7, k=5)
     box = viz.throughput_widget(prediction)
     assert len(box.children) == 5
+
+
+# ---- issue #32: clear errors for bad input -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["B200", "", "H100 "])
+def test_unknown_hardware_names_the_argument_and_the_choices(name):
+    # mla_decode_roofline raised a bare KeyError for a name HARDWARE does not hold.
+    with pytest.raises(ValueError, match=rf"hw is '{name}'; choose one of \['H200', 'MI300X', 'MI355X'\] or pass "
+                                         "a Hardware"):
+        P.mla_decode_roofline(name, 16, 8, 4096)
+    with pytest.raises(ValueError, match=rf"hardware is '{name}'; choose one of"):  # the message it always had
+        P.padding_cost_rows([5], hardware=name)
+    with pytest.raises(ValueError, match="hw is None"):
+        P.mla_decode_roofline(None, 16, 8, 4096)
+
+
+def test_hardware_names_in_any_case_and_custom_hardware():
+    assert P.mla_decode_roofline("h200", 16, 8, 4096) == P.mla_decode_roofline("H200", 16, 8, 4096)
+    assert P.lookup_hardware("mi355x") is P.HARDWARE["MI355X"]
+    # a point on a Hardware outside HARDWARE knows its ridge (its bound raised KeyError before)
+    slow = P.Hardware("slow", "", 1, 1000.0, 1.0, "a test device: fast memory, slow arithmetic")
+    point = P.mla_decode_roofline(slow, 16, 8, 4096)
+    assert point.hardware == "slow" and point.bound == "compute" and point.ridge_flop_per_byte == 1e-3
+    assert P.mla_decode_roofline("H200", 16, 8, 4096).bound == "memory"
+
+
+@pytest.mark.parametrize("k", [-1, -5, 1.0, True, "3"])
+def test_is_power_of_two_qlen_names_k(k):
+    # It raised "n is 0; it must be an int >= 1" (the helper's argument) for k = -1.
+    with pytest.raises(ValueError, match=rf"^k is {k!r}; it must be an int >= 0$"):
+        P.is_power_of_two_qlen(k)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", r"bench_decode_h200\.json cannot be read as JSON \(JSONDecodeError: "),
+    ("", r"bench_decode_h200\.json cannot be read as JSON"),
+    ("[1, 2]", r"bench_decode_h200\.json holds a JSON list, not an object"),
+    ('{"results": [], "provenance": "H200"}', None),  # provenance not an object: read, device unknown
+])
+def test_load_measurement_names_a_broken_file(tmp_path, text, match):
+    path = tmp_path / "bench_decode_h200.json"
+    path.write_text(text)
+    if match is None:
+        m = P.load_measurement("decode", data_dir=tmp_path)
+        assert m.available and "measured on ?" in m.reason
+        return
+    with pytest.raises(ValueError, match=match) as exc:
+        P.load_measurement("decode", data_dir=tmp_path)
+    assert str(path) in str(exc.value) and "workbench bench decode" in str(exc.value)
+    with pytest.raises(ValueError, match=match):
+        P.measured_padding_overhead(path)
+
+
+def test_load_measurement_names_an_unreadable_file(tmp_path):
+    path = tmp_path / "bench_expand_h200.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match=r"bench_expand_h200\.json cannot be read as JSON \(UnicodeDecodeError"):
+        P.load_measurement("expand", data_dir=tmp_path)
+    path.unlink()
+    path.mkdir()  # a folder where the file should be
+    with pytest.raises(ValueError, match=r"bench_expand_h200\.json cannot be read as JSON \((IsADirectoryError|"
+                                         r"PermissionError)"):
+        P.load_measurement("expand", data_dir=tmp_path)

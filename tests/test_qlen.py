@@ -212,9 +212,6 @@ def test_naive_padding_without_extra_keys_moves_the_windows():
 
 
 def test_padding_refuses_bad_input():
-    q, cache, md = make_case([2, 0], [4, 4])
-    with pytest.raises(ValueError, match="request 1 has 0 query tokens"):
-        qlen.pad_queries_to_pow2(q, md)
     q, cache, md = make_case([3], [4])
     with pytest.raises(ValueError, match="placement is 'middle'"):
         qlen.pad_queries_to_pow2(q, md, placement="middle")
@@ -223,6 +220,59 @@ def test_padding_refuses_bad_input():
     pq = qlen.pad_queries_to_pow2(q, md)
     with pytest.raises(ValueError, match="pass its output"):
         pq.unpad(q)
+    with pytest.raises(TypeError, match="metadata must be a DecodeMetadata"):
+        qlen.pad_queries_to_pow2(q, {"qo_indptr": md.qo_indptr})
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        qlen.pad_queries_to_pow2(q.tolist(), md)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_kv_len_below_qo_len_is_refused_naming_the_request(pad):
+    # issue #32: a request with more queries than keys got an unrelated error from the padding (an empty key list
+    # expanded) or one about the padded call's numbers; now the rule, naming the request, as the decode states it.
+    q, cache, md = make_case([2, 3], [4, 2])
+    with pytest.raises(ValueError, match=r"request 1 has qo_len 3 but kv_len 2; a request with query tokens needs "
+                                         r"kv_len >= qo_len"):
+        if pad:
+            qlen.decode(q, cache, md, sm_scale=0.1, backend="torch", pad_to_pow2=True)
+        else:
+            qlen.pad_queries_to_pow2(q, md)
+    q, cache, md = make_case([1, 2], [3, 0])  # no keys at all under 2 queries
+    with pytest.raises(ValueError, match="request 1 has qo_len 2 but kv_len 0"):
+        qlen.pad_queries_to_pow2(q, md, placement="back")
+
+
+@pytest.mark.parametrize("backend", ["torch", FAULT, "triton"])
+def test_padding_an_empty_batch(backend):
+    # issue #32: an empty batch is valid decode input; padded, it is an empty call (pad_len 1) with empty results.
+    q = torch.empty(0, 2, D, dtype=torch.float32, device=DEV)
+    cache = torch.full((4, D), float("nan"), device=DEV)
+    zero = torch.zeros(1, dtype=torch.int32, device=DEV)
+    md = DecodeMetadata(qo_indptr=zero, kv_indptr=zero.clone(), kv_indices=torch.zeros(0, dtype=torch.int32,
+                                                                                       device=DEV),
+                        kv_last_page_lens=torch.ones(0, dtype=torch.int32, device=DEV), max_qo_len=1)
+    pq = qlen.pad_queries_to_pow2(q, md)
+    assert (pq.query_len, pq.pad_len, pq.placements, pq.extra_rows) == (0, 1, [], 0)
+    assert pq.q.shape == (0, 2, D) and pq.metadata.qo_indptr.tolist() == [0] and pq.metadata.num_reqs == 0
+    res = qlen.decode(q, cache, md, sm_scale=0.1, backend=backend, pad_to_pow2=True)
+    assert res.out.shape == (0, 2, mla.KV_LORA_RANK) and res.lse.shape == (0, 2)
+
+
+def test_padding_leaves_requests_without_queries_out():
+    # A request with no query tokens (any kv_len, 0 included) is valid decode input with no output rows: the padded
+    # call leaves it out ("none"), and the real rows of the others are exact.
+    q, cache, md = make_case([0, 3, 0, 5], [7, 4, 0, 9], seed=8)
+    pq = qlen.pad_queries_to_pow2(q, md)
+    assert pq.placements == ["none", "back", "none", "front"] and pq.pad_len == 8
+    assert pq.metadata.num_reqs == 2 and pq.q.shape[0] == 16 and pq.metadata.kv_last_page_lens.tolist() == [1, 1]
+    gold, gold_lse = golden(q, cache, md)
+    for backend in ("torch", FAULT):
+        res = qlen.decode(q, cache, md, sm_scale=0.1, backend=backend, pad_to_pow2=True)
+        torch.testing.assert_close(res.out, gold, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(res.lse, gold_lse, atol=1e-5, rtol=1e-5)
+    q, cache, md = make_case([0, 0], [3, 0])  # no queries at all: an empty padded call
+    pq = qlen.pad_queries_to_pow2(q, md)
+    assert pq.q.shape[0] == 0 and pq.placements == ["none", "none"] and pq.metadata.kv_indptr.tolist() == [0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,6 +307,22 @@ def test_probe_torch_and_fault_classifications():
     assert "NOT ok at qlen [3, 5" in str(fault)
     d = json.loads(fault.to_json())
     assert d["rows"][2]["verdict"] == "broadcast-fault" and d["kv_lens"] == [40, 63]
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_probe_report_json_is_strict():
+    # issue #32: a NaN output gives max_err NaN; JSON has no NaN, so to_json writes null (and parses strictly).
+    row = qlen.ProbeRow(3, False, float("nan"), float("inf"), 1e-3, "wrong", 0.5)
+    rep = qlen.ProbeReport("torch", "torch", "why", 2, [40], "float32", "cpu", [row])
+    text = rep.to_json()
+    d = json.loads(text, parse_constant=_reject_constant)
+    assert d["rows"][0]["max_err"] is None and d["rows"][0]["max_err_broadcast"] is None
+    assert d["rows"][0]["tol"] == 1e-3 and d["rows"][0]["verdict"] == "wrong"
+    assert json.dumps(d, allow_nan=False)
+    assert rep.to_dict()["rows"][0]["max_err"] != rep.to_dict()["rows"][0]["max_err"]  # to_dict keeps the NaN
 
 
 def test_probe_triton_small():
@@ -316,6 +382,51 @@ def test_cli_exit_codes(capsys):
     if not AITER:
         assert cli.main(["probe-qlen", "--backend", "aiter"]) == 2
         assert "runs only on ROCm" in capsys.readouterr().err
+
+
+def test_cli_probe_qlen_allocation_failure_exits_3(monkeypatch, capsys):
+    # issue #32: an allocation that fails (here the probe's cache: torch.full raises as the allocator does) used to
+    # escape with a traceback and exit 1, the code of a negative verdict. Now one line on stderr and exit 3.
+    from workbench.qlen import probe
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                     "92233720368 bytes.\nError code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(probe.torch, "full", no_memory)
+    assert cli.main(["probe-qlen", "--backend", "torch", "--qlens", "1", "--heads", "2"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("workbench probe-qlen: unexpected error: OutOfMemoryError: DefaultCPUAllocator: can't "
+                            "allocate memory: you tried to allocate 92233720368 bytes. Error code 12 (Cannot "
+                            "allocate memory)\n")
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom\nsecond line"), KeyError("x"), ZeroDivisionError("z")])
+def test_cli_catches_unexpected_exceptions(monkeypatch, capsys, exc):
+    # Any exception other than bad input (ValueError/TypeError: exit 2): one line, exit 3, no traceback.
+    from workbench import device as dev_module
+
+    def broken():
+        raise exc
+
+    monkeypatch.setattr(dev_module, "describe", broken)
+    assert cli.main(["info"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"workbench info: unexpected error: {type(exc).__name__}: ")
+    monkeypatch.setattr(dev_module, "describe", lambda: (_ for _ in ()).throw(ValueError("bad")))
+    assert cli.main(["info"]) == 2 and "workbench info: error: bad" in capsys.readouterr().err
+
+
+def test_cli_results_json_is_strict(monkeypatch, capsys):
+    # A bar that was not measured has the value NaN; `workbench results --json` writes it as null.
+    from workbench.bench import results
+
+    row = results.BarRow("decode", "1 x 4k: <= 2 us", "not measured", float("nan"), "MISS")
+    monkeypatch.setattr(results, "committed_bars", lambda device: ([row], ["provenance line"]))
+    assert cli.main(["results", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out, parse_constant=_reject_constant)
+    assert d["bars"][0]["value"] is None and d["provenance"] == ["provenance line"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -563,7 +674,7 @@ def test_measured_padding_overhead_reads_only_measured_pairs(tmp_path, vq):
     expected = perfmodel.padding_cost_rows([5], heads=16, batch=64, context=4096, hardware=hw)[0]["time_pct"]
     assert rows[0]["model_measured_pct"] == expected
     fig = vq.measured_padding_figure(rows, note)
-    assert [t.name for t in fig.data] == ["measured (Triton kernel)", "roofline, measured ceilings",
+    assert [t.name for t in fig.data] == ["measured (workbench kernel)", "roofline, measured ceilings",
                                           "roofline, H200 datasheet"]
     with pytest.raises(ValueError, match="rows is empty"):
         vq.measured_padding_figure([])

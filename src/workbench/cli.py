@@ -10,7 +10,9 @@ Subcommands (each registered by one ``_add_*`` function below; keep them in the 
 * ``workbench probe-qlen``      every query length on one decode backend vs the golden (``workbench.qlen``)
 * ``workbench results``         the committed H200 bars of both benchmarks (``workbench.bench.results``)
 
-Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage.
+Exit codes: 0 success / compatible, 1 a negative verdict (incompatible, a bar missed), 2 bad usage, 3 an unexpected
+error (an allocation that failed, a bug): one line ``workbench <cmd>: unexpected error: <Type>: <message>`` on
+stderr, never a traceback, and never the code of a verdict. ``--json`` output is strict JSON (NaN written as null).
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+
+EXIT_UNEXPECTED = 3  # not 0, 1 or 2: an error that is neither a verdict nor bad usage
+
+
+def _strict_json(value: Any) -> str:
+    from workbench import jsonio
+
+    return jsonio.dumps(value, indent=2)
 
 
 def _add_info(sub: argparse._SubParsersAction) -> None:
@@ -48,12 +60,10 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def run(args: argparse.Namespace) -> int:
-        import json
-
         from workbench import blocksize
 
         report = blocksize.check_spec_decode(args.target, args.draft, args.block_size, args.vllm)
-        print(json.dumps(report.to_dict(), indent=2) if args.json else str(report))
+        print(_strict_json(report.to_dict()) if args.json else str(report))
         return 0 if report.compatible else 1
 
     p.set_defaults(func=run)
@@ -130,7 +140,9 @@ def _add_probe_qlen(sub: argparse._SubParsersAction) -> None:
         "probe-qlen", help="does a decode backend give every query position its own output? (aiter #2720)",
         description="Decode with every query length (default 1..16) on one backend and compare with the fp32 "
                     "golden: ok, broadcast-fault (every position got position 0's output, the aiter #2720 "
-                    "symptom) or wrong. Exit 0 all ok, 1 some length not ok, 2 bad usage or backend unavailable.")
+                    "symptom) or wrong. Exit 0 all ok, 1 some length not ok, 2 bad usage or backend unavailable, "
+                    "3 an unexpected error (e.g. the probe's tensors could not be allocated: lower --heads or "
+                    "--kv-len).")
     p.add_argument("--backend", required=True, choices=["triton", "aiter", "aiter-pow2-fault", "torch", "auto"],
                    help="aiter runs on ROCm only; aiter-pow2-fault is a labelled emulation of the #2720 symptom")
     p.add_argument("--qlens", default="1-16", help="query lengths, e.g. 1-16 or 3,6,8 (default 1-16)")
@@ -165,8 +177,6 @@ def _add_results(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="h200", help="which committed results: data/bench_<name>_<device>.json")
 
     def run(args: argparse.Namespace) -> int:
-        import json
-
         from workbench.bench import results
 
         rows, lines = results.committed_bars(args.device)
@@ -175,7 +185,7 @@ def _add_results(sub: argparse._SubParsersAction) -> None:
                   + "\n  ".join(lines), file=sys.stderr)
             return 2
         if args.json:
-            print(json.dumps({"provenance": lines, "bars": [r.to_dict() for r in rows]}, indent=2))
+            print(_strict_json({"provenance": lines, "bars": [r.to_dict() for r in rows]}))
         elif args.markdown:
             print(results.format_markdown(rows))
         else:
@@ -206,6 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:  # bad input: the message names the argument and the rule
         print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`workbench results | head`): nothing is wrong with the run
+        sys.stderr.close()
+        return 0
+    except Exception as exc:  # anything else (an allocation that failed, a bug): one line, its own exit code
+        message = " ".join(str(exc).split())  # torch's messages span lines; the report is one
+        print(f"workbench {args.command}: unexpected error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_UNEXPECTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,6 @@ The ceiling every result is compared with is measured in the same run (:func:`co
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform as _platform
 import shlex
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from workbench import jsonio
 
 __all__ = ["copy_bandwidth", "kernel_device_us", "provenance", "require_gpu", "time_cuda_graph", "time_eager",
            "write_json"]
@@ -174,5 +175,5 @@ def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     """Write a benchmark result (pretty, sorted keys) and return its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    path.write_text(jsonio.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path

@@ -153,6 +153,13 @@ def kernel_block_ratio(kv_manager_block_size: int, kernel_block_size: int) -> in
     return b // k
 
 
+def _check_split_fits(top: int, ratio: int, dtype_max: int, dtype: str, fix: str) -> None:
+    """The largest kernel block id, ``top * ratio + ratio - 1``, must fit the output dtype (else it would wrap)."""
+    if top * ratio + ratio - 1 > dtype_max:
+        raise ValueError(f"block_ids holds {top}: split by ratio={ratio} it becomes kernel block id "
+                         f"{top * ratio + ratio - 1}, beyond {dtype} (max {dtype_max}); pass {fix}")
+
+
 def map_to_kernel_blocks(block_ids, ratio: int):
     """Split manager block ids into kernel block ids: id ``i`` becomes ``i*ratio .. i*ratio+ratio-1``.
 
@@ -163,6 +170,10 @@ def map_to_kernel_blocks(block_ids, ratio: int):
     Returns:
         The kernel block ids, flattened to 1-D with ``len(block_ids) * ratio`` entries: a numpy
         ``int64`` array, or a torch tensor of the input's dtype and device for tensor input.
+
+    Raises:
+        ValueError: a kernel block id ``i*ratio + ratio - 1`` beyond the output dtype (an int32 tensor of
+            ids near ``2**31 / ratio``): nothing wraps silently; pass int64 ids.
     """
     if isinstance(ratio, bool) or not isinstance(ratio, (int, np.integer)) or ratio < 1:
         raise ValueError(f"ratio={ratio!r}: must be a positive integer (kv_manager_block_size // kernel_block_size)")
@@ -176,6 +187,9 @@ def map_to_kernel_blocks(block_ids, ratio: int):
             raise TypeError(f"block_ids has dtype {block_ids.dtype}: block ids must be integers")
         if block_ids.numel() and int(block_ids.min()) < 0:
             raise ValueError("block_ids contains negative ids: block ids are non-negative")
+        if block_ids.numel():
+            _check_split_fits(int(block_ids.max()), ratio, torch.iinfo(block_ids.dtype).max, str(block_ids.dtype),
+                              "smaller block ids" if block_ids.dtype == torch.int64 else "int64 ids: block_ids.long()")
         offs = torch.arange(ratio, dtype=block_ids.dtype, device=block_ids.device)
         return (block_ids.reshape(-1, 1) * ratio + offs).reshape(-1)
     ids = np.asarray(block_ids)
@@ -185,4 +199,5 @@ def map_to_kernel_blocks(block_ids, ratio: int):
         raise TypeError(f"block_ids has dtype {ids.dtype}: block ids must be integers")
     if ids.min() < 0:
         raise ValueError("block_ids contains negative ids: block ids are non-negative")
+    _check_split_fits(int(ids.max()), ratio, np.iinfo(np.int64).max, "int64", "smaller block ids")
     return (ids.astype(np.int64).reshape(-1, 1) * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)

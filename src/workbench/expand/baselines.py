@@ -23,16 +23,20 @@ def expand_page_indices_pre_pr(
     Before vLLM PR #39616, AITER MLA declared kernel block size ``[1]``: the block table
     (manager blocks of ``K`` tokens) was split on the host into a ``K`` times wider table of
     one-token blocks (:func:`workbench.blocksize.map_to_kernel_blocks`), and a copy kernel took the
-    first ``seq_lens[r]`` entries of each row. Same arguments and results as
+    first ``seq_lens[r]`` entries of each row. Same arguments, checks (the layouts included) and results as
     :func:`expand_page_indices`; it must give identical indices. Row padding must be non-negative
-    (vLLM pads with 0): the split refuses negative ids anywhere in the table.
+    (vLLM pads with 0): the split refuses negative ids anywhere in the table. ``validate=False`` skips the
+    value checks only (:func:`validate_expand_inputs` with ``check_values=False``).
     """
     K = _check_kernel_block_size(kernel_block_size)
-    if validate:
-        validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks)
-    # vLLM's hybrid-block split (manager blocks of K tokens -> kernel blocks of 1 token), on the host.
+    validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks, check_values=validate)
+    # vLLM's hybrid-block split (manager blocks of K tokens -> kernel blocks of 1 token), on the host, in int64:
+    # the whole table is split, padding included, and a padding id times K may exceed int32 (the ids used may not:
+    # validate_expand_inputs checks them).
     ratio = _blocksize.kernel_block_ratio(K, 1)
-    table_k1 = _blocksize.map_to_kernel_blocks(block_table.cpu(), ratio).reshape(block_table.shape[0], -1)
+    num_reqs, max_blocks = block_table.shape
+    table_k1 = _blocksize.map_to_kernel_blocks(block_table.to("cpu", torch.int64), ratio).reshape(num_reqs,
+                                                                                               max_blocks * K)
     table_k1 = table_k1.to(block_table.device)  # (num_reqs, max_blocks * K)
     keep = torch.arange(table_k1.shape[1], device=block_table.device)[None, :] < seq_lens[:, None]
     kv_indices = table_k1[keep].to(torch.int32)  # row-major: request 0's tokens, then request 1's, ...
@@ -90,21 +94,29 @@ def expand_page_indices_serial(
 
 
 def expand_page_indices_dense(
-    block_table: torch.Tensor, seq_lens: torch.Tensor, kernel_block_size: int, *, max_seq_len: int | None = None
+    block_table: torch.Tensor, seq_lens: torch.Tensor, kernel_block_size: int, *, max_seq_len: int | None = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch: build a dense ``(num_reqs, max_seq_len)`` index tensor, then keep the valid tokens.
 
     Bytes moved: it materialises ``num_reqs * max_seq_len`` indices (several int64 temporaries) and
     a boolean mask, then compacts them; the compaction (boolean indexing) synchronises with the host,
-    so it cannot be captured in a CUDA graph. No validation (a baseline, not an API).
+    so it cannot be captured in a CUDA graph. The same checks as :func:`expand_page_indices`
+    (:func:`validate_expand_inputs`; ``validate=False`` skips the value checks, which read ``seq_lens`` and
+    the block table on the host: time the baseline that way). Any layout would do for torch, but the same
+    layouts are refused as by the kernels, so that every expansion takes the same inputs. ``max_seq_len`` (default:
+    ``max(seq_lens)``, read on the host) sizes the dense tensor: it must be ``>= max(seq_lens)``, which ``validate``
+    checks (unlike the kernel's bound, a smaller one would drop tokens).
     """
     K = _check_kernel_block_size(kernel_block_size)
-    num_reqs = block_table.shape[0]
+    validate_expand_inputs(block_table, seq_lens, K, max_seq_len=max_seq_len, check_values=validate)
+    num_reqs, max_blocks = block_table.shape
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if num_reqs else 0
+    max_seq_len = min(max_seq_len, max_blocks * K)  # a row holds no more (a looser bound selects nothing more)
     pos = torch.arange(max_seq_len, device=block_table.device)
-    blk = block_table.gather(1, (pos // K).clamp_max(block_table.shape[1] - 1).expand(num_reqs, -1))
-    dense = blk * K + pos % K  # (num_reqs, max_seq_len)
+    blk = block_table.gather(1, (pos // K).expand(num_reqs, -1)).long()
+    dense = blk * K + pos % K  # (num_reqs, max_seq_len), int64: nothing wraps before the checked int32 cast
     kv_indices = dense[pos[None, :] < seq_lens[:, None]].to(torch.int32)
     kv_indptr = torch.zeros(num_reqs + 1, dtype=torch.int32, device=block_table.device)
     kv_indptr[1:] = torch.cumsum(seq_lens, 0)

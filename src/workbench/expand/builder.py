@@ -11,7 +11,7 @@ from workbench import device as _device
 from workbench.decode_metadata import DecodeMetadata
 from workbench.expand.baselines import expand_page_indices_dense
 from workbench.expand.kernel import expand_page_indices
-from workbench.expand.spec import _check_int_tensor, _check_kernel_block_size, validate_expand_inputs
+from workbench.expand.spec import INT32_MAX, _check_int_tensor, _check_kernel_block_size, validate_expand_inputs
 
 __all__ = ["build_flat_decode_metadata"]
 
@@ -64,7 +64,8 @@ def build_flat_decode_metadata(
         query_lens: host-side query tokens per request (list, tuple or CPU tensor), so ``max_qo_len``
             needs no device sync.
         kernel_block_size: ``K``.
-        num_blocks, validate, max_seq_len, out, kv_indptr, loose_bound: passed to :func:`expand_page_indices`.
+        num_blocks, validate, max_seq_len, out, kv_indptr, loose_bound: passed to :func:`expand_page_indices`
+            (which states the layouts it takes: any row stride of ``block_table``, a strided ``seq_lens``).
 
     Returns:
         :class:`DecodeMetadata` with ``qo_indptr`` ``(num_reqs + 1,) int32``, ``kv_indptr``
@@ -79,6 +80,9 @@ def build_flat_decode_metadata(
     cum = [0]
     for q in lens:
         cum.append(cum[-1] + q)
+    if cum[-1] > INT32_MAX:
+        raise ValueError(f"sum(query_lens) = {cum[-1]} exceeds int32 ({INT32_MAX}); qo_indptr is int32 in aiter's "
+                         "interface: split the batch")
     qo_host = torch.tensor(cum, dtype=torch.int32)
     if dev.type == "cuda":
         qo_indptr = qo_host.pin_memory().to(dev, non_blocking=True)  # no wait for the device
@@ -89,7 +93,9 @@ def build_flat_decode_metadata(
         # there too): the kernel cannot take them, so expand with plain torch, after the same validation.
         validate_expand_inputs(block_table, seq_lens, K, num_blocks=num_blocks, out=out, kv_indptr=kv_indptr,
                                max_seq_len=max_seq_len, check_values=validate)
-        kv_indices_t, kv_indptr_t = expand_page_indices_dense(block_table, seq_lens, K, max_seq_len=max_seq_len)
+        # validated just above; no max_seq_len: with validate=False a bound below a length would truncate the dense
+        # expansion (the kernel only slows down), and the dense path reads max(seq_lens) on the host anyway
+        kv_indices_t, kv_indptr_t = expand_page_indices_dense(block_table, seq_lens, K, validate=False)
         kv_indices = kv_indices_t if out is None else out[: kv_indices_t.numel()].copy_(kv_indices_t)
         kv_indptr = kv_indptr_t if kv_indptr is None else kv_indptr.copy_(kv_indptr_t)
     else:

@@ -305,9 +305,16 @@ def expand_page_indices(
     graph with :func:`validate_expand_inputs`). Otherwise ``sum(seq_lens)`` (to size ``out``) and
     ``max(seq_lens)`` (to size the grid) are read on the host.
 
+    Layouts: ``block_table`` may have any row stride and storage offset (a view into a wider table), but the
+    block ids of a row must be adjacent (column stride 1; a transposed table is refused: pass
+    ``block_table.contiguous()``). ``seq_lens`` may be a strided view: it is copied to a contiguous tensor first
+    (``num_reqs`` entries, on the device; captured in a CUDA graph like the kernel). ``out`` and ``kv_indptr`` must
+    be contiguous and must not share memory with the inputs or each other (refused otherwise).
+
     Args:
-        block_table: ``(num_reqs, max_blocks_per_req)`` int32/int64 block ids (row stride may be > width).
-        seq_lens: ``(num_reqs,)`` int32/int64 tokens per request, same device.
+        block_table: ``(num_reqs, max_blocks_per_req)`` int32/int64 block ids (row stride may be > width;
+            column stride 1).
+        seq_lens: ``(num_reqs,)`` int32/int64 tokens per request, same device (any stride).
         kernel_block_size: ``K``, tokens per block (Python int > 0).
         out: optional ``(N,) int32`` buffer, ``N >= sum(seq_lens)``; entries from ``sum(seq_lens)`` on
             are left untouched.
@@ -333,8 +340,11 @@ def expand_page_indices(
         and ``(num_reqs + 1,) int32``.
     """
     K = _check_kernel_block_size(kernel_block_size)
+    if config is not None and not isinstance(config, ExpandConfig):
+        raise TypeError(f"config must be an ExpandConfig or None (the launch parameters; None: expand_config picks "
+                        f"them), got {config!r} ({type(config).__name__}); pass workbench.expand.ExpandConfig(...)")
     if validate:
-        if block_table.is_cuda and torch.cuda.is_current_stream_capturing():
+        if isinstance(block_table, torch.Tensor) and block_table.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 "expand_page_indices(validate=True) reads seq_lens and block_table on the host, which is not "
                 "allowed during CUDA-graph capture; call validate_expand_inputs(...) once before capturing and "
@@ -346,6 +356,7 @@ def expand_page_indices(
         validate_expand_inputs(block_table, seq_lens, K, out=out, kv_indptr=kv_indptr, max_seq_len=max_seq_len,
                                check_values=False, precomputed_kv_indptr=precomputed_kv_indptr)
     _check_runs_here(block_table)
+    seq_lens = seq_lens.contiguous()  # the kernel reads seq_lens[i] at offset i: a strided view is copied (num_reqs)
     num_reqs = block_table.shape[0]
     total = None
     if out is None or validate:

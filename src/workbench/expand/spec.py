@@ -107,6 +107,28 @@ def _check_int_tensor(t: Any, name: str, ndim: int, dtypes: tuple[torch.dtype, .
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
 
 
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """``[first, last)`` bytes of memory ``t`` can address (its elements lie inside; strided views have gaps)."""
+    first = t.data_ptr()
+    last = first + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+    return first, last
+
+
+def _check_no_overlap(out_name: str, out: torch.Tensor, others: Sequence[tuple[str, torch.Tensor | None]]) -> None:
+    """An output buffer must not share memory with another buffer of the call: the kernel would read what it has
+    just written (or write one output over the other), a wrong answer."""
+    if out.numel() == 0 or out.device.type == "meta":
+        return
+    lo, hi = _byte_span(out)
+    for name, t in others:
+        if t is None or t.numel() == 0 or t.device != out.device:
+            continue
+        t_lo, t_hi = _byte_span(t)
+        if lo < t_hi and t_lo < hi:
+            raise ValueError(f"{out_name} shares memory with {name}; the kernel writes {out_name} while it reads or "
+                             f"writes {name}: pass a separate buffer")
+
+
 def validate_expand_inputs(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -121,7 +143,11 @@ def validate_expand_inputs(
 ) -> None:
     """Check the inputs of :func:`expand_page_indices`; raise ``TypeError``/``ValueError`` on the first problem.
 
-    Structural checks (types, dtypes, shapes, devices, ``K``) never touch device memory. With
+    Structural checks (types, dtypes, shapes, devices, layouts, ``K``) never touch device memory. The layouts the
+    kernels support: ``block_table`` with any row stride and storage offset, but the block ids of a row adjacent
+    (column stride 1: a transposed table or a column-strided view is refused; ``.contiguous()`` fixes it);
+    ``seq_lens`` in any layout (:func:`expand_page_indices` copies a strided one); ``out`` and ``kv_indptr``
+    contiguous, and sharing memory with no other tensor of the call. With
     ``check_values`` (the default) it also reads ``seq_lens`` and the used part of ``block_table``
     on the host, which synchronises with the device: negative ``seq_lens``, a ``seq_len`` larger
     than its row holds (``max_blocks_per_req * K``), a ``seq_len`` above ``max_seq_len``, negative
@@ -145,6 +171,12 @@ def validate_expand_inputs(
     _check_int_tensor(block_table, "block_table", 2)
     _check_int_tensor(seq_lens, "seq_lens", 1)
     num_reqs, max_blocks = block_table.shape
+    if max_blocks > 1 and num_reqs > 0 and block_table.stride(1) != 1:
+        raise ValueError(
+            f"block_table has strides {tuple(block_table.stride())}: the kernels read the block ids of a row as "
+            f"adjacent elements (column stride 1; any row stride works), got column stride {block_table.stride(1)} "
+            "(a transposed table or a column-strided view); pass block_table.contiguous()"
+        )
     if seq_lens.shape[0] != num_reqs:
         raise ValueError(
             f"seq_lens has {seq_lens.shape[0]} entries but block_table has {num_reqs} rows; "
@@ -165,6 +197,10 @@ def validate_expand_inputs(
             raise ValueError(f"{name} must be contiguous (the kernel writes it as a flat array); pass a contiguous buffer")
         if n is not None and t.numel() != n:
             raise ValueError(f"kv_indptr must have num_reqs + 1 = {n} entries, got {t.numel()}")
+    if out is not None:
+        _check_no_overlap("out", out, (("kv_indptr", kv_indptr), ("block_table", block_table), ("seq_lens", seq_lens)))
+    if kv_indptr is not None and not precomputed_kv_indptr:  # an input then: it may alias seq_lens' memory
+        _check_no_overlap("kv_indptr", kv_indptr, (("block_table", block_table), ("seq_lens", seq_lens)))
     if num_blocks is not None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
             raise ValueError(f"num_blocks must be a non-negative int (blocks in the KV cache), got {num_blocks!r}")

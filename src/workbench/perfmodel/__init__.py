@@ -41,7 +41,7 @@ from workbench.perfmodel.published import (
 )
 from workbench.perfmodel.roofline import (
     HARDWARE, KV_DTYPE_BYTES, KV_LORA_RANK, QK_HEAD_DIM, QK_ROPE_HEAD_DIM, Hardware, RooflinePoint,
-    mla_decode_bytes, mla_decode_flops, mla_decode_intensity, mla_decode_roofline, padding_cost_rows,
+    lookup_hardware, mla_decode_bytes, mla_decode_flops, mla_decode_intensity, mla_decode_roofline, padding_cost_rows,
     roofline_time_s,
 )
 from workbench.perfmodel.spec import (
@@ -60,7 +60,7 @@ __all__ = [
     "QK_ROPE_HEAD_DIM", "RooflinePoint", "SERIAL_EXPAND_MI355X", "SpecStep", "TargetStepModel", "TokenLaw",
     "best_k", "draft_fixed_ms_from_target", "eagle3_draft", "expansion_cost_per_step", "expected_tokens_iid",
     "expected_tokens_per_step", "fit_iid_alpha", "fit_target_step", "iid_rates", "is_power_of_two_qlen",
-    "load_measurement", "measured_padding_overhead", "mla_decode_bytes", "mla_decode_flops",
+    "load_measurement", "lookup_hardware", "measured_padding_overhead", "mla_decode_bytes", "mla_decode_flops",
     "mla_decode_intensity", "mla_decode_roofline", "no_spec_step_ms", "padding_cost_rows", "power_of_two_cost",
     "predict_published", "roofline_time_s", "serial_expansion_published", "spec_step", "throughput_per_gpu",
     "verify_cost_trend",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workbench.pow2 import is_pow2
+from workbench.pow2 import check_count, is_pow2
 
 # aiter #2720: Eagle3 per-position acceptance rates measured with k = 7 (qlen 8, a power of two).
 AITER_2720_RATES: tuple[float, ...] = (0.730, 0.609, 0.537, 0.493, 0.457, 0.408, 0.394)
@@ -83,5 +83,6 @@ def _tokens(k: int, rates: Sequence[float] | None, alpha: float | None) -> float
 
 
 def is_power_of_two_qlen(k: int) -> bool:
-    """True when the verify query length ``k + 1`` is a power of two (safe with aiter, issue #2720)."""
-    return is_pow2(k + 1)
+    """True when the verify query length ``k + 1`` is a power of two (safe with aiter, issue #2720); ``k`` (draft
+    tokens) an int >= 0."""
+    return is_pow2(check_count("k", k, 0) + 1)

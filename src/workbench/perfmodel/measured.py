@@ -2,7 +2,7 @@
 
 ``data/bench_<name>_<device>.json`` is written by ``workbench bench <name>``. The readers use only the
 results the book shows: decode ``results`` rows (``heads``, ``qlen``, ``batch``, ``context``,
-``kv_gb_s``, ``triton_us``) and ``ceilings``; expand ``cases`` rows (``num_reqs``, ``seq_len``,
+``kv_gb_s``, ``workbench_us``) and ``ceilings``; expand ``cases`` rows (``num_reqs``, ``seq_len``,
 ``kernel_us``, ``kernel_after_fill_us``, ``serial_us``); ``provenance`` of both. A missing file is
 reported, never replaced by made-up numbers.
 """
@@ -39,11 +39,25 @@ class MeasurementFile:
 _REQUIRED_KEYS = {"expand": ("cases",), "decode": ("results",)}
 
 
+def _read_result(path: Path, name: str) -> dict[str, Any]:
+    """The JSON object in ``path``, or a ValueError naming the file, what is wrong with it and how to regenerate it."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} cannot be read as JSON ({type(exc).__name__}: {exc}); regenerate it with "
+                         f"`workbench bench {name}` (or restore it with git)") from exc
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not an object: is it the output of "
+                         f"`workbench bench {name}`?")
+    return payload
+
+
 def load_measurement(name: str, device: str = "h200", data_dir: Path | str | None = None) -> MeasurementFile:
     """Read ``data/bench_<name>_<device>.json`` (written by ``workbench bench <name>``).
 
     A missing file is not an error: the result says so (``available`` False, ``reason`` why) and no
-    number is made up. A file that exists but lacks the benchmark's keys raises, naming what is missing.
+    number is made up. A file that exists but cannot be read, is not a JSON object, or lacks the benchmark's keys
+    raises ValueError naming the file and what is wrong.
     """
     if name not in _REQUIRED_KEYS:
         raise ValueError(f"name={name!r} must be one of {sorted(_REQUIRED_KEYS)}")
@@ -52,13 +66,14 @@ def load_measurement(name: str, device: str = "h200", data_dir: Path | str | Non
         return MeasurementFile(name, path, None,
                                f"{path.name} is not committed (run `workbench bench {name}` on the GPU and commit "
                                f"its JSON under src/workbench/data/); the figures that need it are left out")
-    payload = json.loads(path.read_text())
+    payload = _read_result(path, name)
     missing = [k for k in _REQUIRED_KEYS[name] if k not in payload]
     if missing:
         raise ValueError(f"{path} has no key(s) {missing}: is it the output of `workbench bench {name}`?")
-    device_name = payload.get("provenance", {}).get("device", "?")
-    return MeasurementFile(name, path, payload, f"{path.name}: measured on {device_name}, "
-                                                f"{payload.get('provenance', {}).get('date_utc', 'date unknown')}")
+    prov = payload.get("provenance")
+    prov = prov if isinstance(prov, dict) else {}
+    return MeasurementFile(name, path, payload, f"{path.name}: measured on {prov.get('device', '?')}, "
+                                                f"{prov.get('date_utc', 'date unknown')}")
 
 
 def _nearest_decode(results: list[dict[str, Any]], batch: int, context: int, heads: int) -> dict[str, Any] | None:
@@ -123,9 +138,11 @@ def measured_padding_overhead(path: str | Path | None = None) -> tuple[list[dict
     p = Path(path) if path is not None else DATA_DIR / "bench_decode_h200.json"
     if not p.exists():
         return [], f"{p.name} is not in the repository yet: no measured padding overhead to show"
-    payload = json.loads(p.read_text())
+    payload = _read_result(p, "decode")
     results = payload.get("results", [])
-    times = {(r["heads"], r["batch"], r["context"], r["qlen"]): r["triton_us"] for r in results if "triton_us" in r}
+    # the decode benchmark's time of the workbench's kernel ("triton_us" in results written before the FlashMLA runs)
+    key = lambda r: r.get("workbench_us", r.get("triton_us"))  # noqa: E731
+    times = {(r["heads"], r["batch"], r["context"], r["qlen"]): key(r) for r in results if key(r) is not None}
     ceilings = payload.get("ceilings", {})
     bw = (ceilings.get("read_only") or ceilings.get("copy") or {}).get("gb_s")
     tf = (ceilings.get("matmul_bf16") or {}).get("tflops")

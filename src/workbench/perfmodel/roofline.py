@@ -50,6 +50,17 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
+def lookup_hardware(hw: Hardware | str, name: str = "hardware") -> Hardware:
+    """``hw`` itself, or the :data:`HARDWARE` entry of that name (case-insensitive); else an error naming ``name``,
+    the value and the names there are."""
+    if isinstance(hw, Hardware):
+        return hw
+    found = {k.lower(): v for k, v in HARDWARE.items()}.get(hw.strip().lower()) if isinstance(hw, str) else None
+    if found is None:
+        raise ValueError(f"{name} is {hw!r}; choose one of {sorted(HARDWARE)} or pass a Hardware")
+    return found
+
+
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
         if not value > 0:
@@ -112,6 +123,7 @@ class RooflinePoint:
     flops: float
     time_s: float  # max(compute, memory) at the datasheet peaks divided by ``efficiency``
     efficiency: float
+    ridge_flop_per_byte: float | None = None  # the device's ridge point (None: look ``hardware`` up in HARDWARE)
 
     @property
     def intensity(self) -> float:
@@ -121,7 +133,10 @@ class RooflinePoint:
     @property
     def bound(self) -> str:
         """``"memory"`` or ``"compute"``: which roof limits this point."""
-        return "compute" if self.intensity > HARDWARE[self.hardware].ridge_flop_per_byte else "memory"
+        ridge = self.ridge_flop_per_byte
+        if ridge is None:
+            ridge = lookup_hardware(self.hardware, "RooflinePoint.hardware").ridge_flop_per_byte
+        return "compute" if self.intensity > ridge else "memory"
 
 
 def _kv_bytes(kv_dtype: str | float) -> float:
@@ -139,11 +154,14 @@ def mla_decode_roofline(hw: Hardware | str, heads: int, batch: int, context: int
                         kv_dtype: str | float = "bf16", efficiency: float = 1.0) -> RooflinePoint:
     """Bytes, FLOPs and roofline time of one MLA decode layer.
 
+    ``hw`` is a :class:`Hardware` or a name of :data:`HARDWARE` (``"H200"``, ``"MI300X"``, ``"MI355X"``; any case);
+    another name raises ValueError listing them.
+
     ``heads`` are the heads on this GPU (a model's heads divided by tensor parallelism). ``efficiency``
     is the fraction of the datasheet bandwidth and FLOP rate the kernel is assumed to reach (1.0 = the
     bound itself); it divides the time.
     """
-    hw = HARDWARE[hw] if isinstance(hw, str) else hw
+    hw = lookup_hardware(hw, "hw")
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
     kvb = _kv_bytes(kv_dtype)
@@ -151,7 +169,7 @@ def mla_decode_roofline(hw: Hardware | str, heads: int, batch: int, context: int
     flops = mla_decode_flops(heads, batch, context, qlen)
     name = kv_dtype if isinstance(kv_dtype, str) else f"{kvb:g} B"
     return RooflinePoint(hw.name, heads, batch, context, qlen, name, nbytes, flops,
-                         roofline_time_s(hw, flops, nbytes) / efficiency, efficiency)
+                         roofline_time_s(hw, flops, nbytes) / efficiency, efficiency, hw.ridge_flop_per_byte)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,13 +187,7 @@ def padding_cost_rows(ks: Sequence[int] = range(1, 16), *, heads: int = 16, batc
     figures (or a :class:`Hardware` with measured ceilings). While both calls are
     memory-bound the time grows only with the extra q and output bytes.
     """
-    if isinstance(hardware, Hardware):
-        hw = hardware
-    elif hardware in HARDWARE:
-        hw = HARDWARE[hardware]
-    else:
-        raise ValueError(f"hardware is {hardware!r}; choose one of {sorted(HARDWARE)} "
-                         "or pass a Hardware")
+    hw = lookup_hardware(hardware, "hardware")
     rows = []
     for k in ks:
         q = k + 1

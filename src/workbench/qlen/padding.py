@@ -34,11 +34,14 @@ class PaddedQueries:
     """The padded call of :func:`pad_queries_to_pow2`.
 
     Attributes:
-        q: ``(num_reqs * pad_len, H, D)`` padded queries (pad rows copy a real row: finite values).
-        metadata: :class:`DecodeMetadata` with every request at ``pad_len`` queries.
+        q: ``(kept * pad_len, H, D)`` padded queries (pad rows copy a real row: finite values), ``kept`` the
+            requests with at least one query.
+        metadata: :class:`DecodeMetadata` of those ``kept`` requests, each at ``pad_len`` queries.
         real_rows: ``(total_q,) int64``: row of the padded call that holds each original row, in order.
-        query_len: the original ``max_qo_len``; ``pad_len``: ``next_pow2(query_len)``.
-        placements: per request, ``"front"`` or ``"back"`` (the placement used for it).
+        query_len: the original ``max_qo_len`` (0 for a batch without queries); ``pad_len``:
+            ``next_pow2(max(query_len, 1))``.
+        placements: per request, ``"front"`` or ``"back"`` (the placement used for it), ``"none"`` for a request
+            without queries (left out of the padded call).
     """
 
     q: torch.Tensor
@@ -54,7 +57,7 @@ class PaddedQueries:
         return self.q.shape[0] - self.real_rows.numel()
 
     def unpad(self, t: torch.Tensor) -> torch.Tensor:
-        """The real rows of a padded result ``(num_reqs * pad_len, ...)`` -> ``(total_q, ...)``."""
+        """The real rows of a padded result ``(q.shape[0], ...)`` (the padded call's rows) -> ``(total_q, ...)``."""
         if t.shape[0] != self.q.shape[0]:
             raise ValueError(f"t has {t.shape[0]} rows but the padded call has {self.q.shape[0]}; pass its output")
         return t.index_select(0, self.real_rows.to(t.device))
@@ -65,63 +68,84 @@ def pad_queries_to_pow2(q: torch.Tensor, metadata: DecodeMetadata, *, placement:
 
     Args:
         q: ``(total_q, H, D)`` queries of the step.
-        metadata: :class:`DecodeMetadata`; every request needs at least one query.
+        metadata: :class:`DecodeMetadata`; a request with queries needs ``kv_len >= qo_len`` (as every decode
+            backend does). A request without queries is left out of the padded call (it has no output rows), and
+            an empty batch (or one with no queries at all) gives an empty padded call with ``pad_len`` 1.
         placement: ``"front"`` (pad rows before the real ones; no extra keys; needs ``kv_len >= P``),
             ``"back"`` (pad rows after them, plus ``P - qo_len`` extra key indices that no real row
             sees; any ``kv_len``), or ``"auto"`` (per request: front where ``kv_len >= P``, else back).
 
     Returns:
-        :class:`PaddedQueries`. Decode ``.q`` with ``.metadata`` and keep ``.unpad(out)``.
+        :class:`PaddedQueries`. Decode ``.q`` with ``.metadata`` and keep ``.unpad(out)``. ``placements`` holds
+        ``"none"`` for a request without queries.
     """
     if placement not in ("auto", "front", "back"):
         raise ValueError(f"placement is {placement!r}; choose 'front' (no extra keys), 'back' (any kv_len) or 'auto'")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor (total_q, num_heads, head_dim), got {type(q).__name__}")
+    if not isinstance(metadata, DecodeMetadata):
+        raise TypeError(f"metadata must be a DecodeMetadata (workbench.expand.build_flat_decode_metadata builds "
+                        f"one), got {type(metadata).__name__}")
     if q.dim() != 3:
         raise ValueError(f"q has shape {tuple(q.shape)}; expected (total_q, num_heads, head_dim)")
-    qo = metadata.qo_indptr.tolist()
-    kv = metadata.kv_indptr.tolist()
+    qo = mla.check_indptr("metadata.qo_indptr", metadata.qo_indptr)
+    kv = mla.check_indptr("metadata.kv_indptr", metadata.kv_indptr)
     if qo[-1] != q.shape[0]:
         raise ValueError(f"metadata.qo_indptr[-1] is {qo[-1]} but q has {q.shape[0]} rows; they must agree")
+    if len(qo) != len(kv):
+        raise ValueError(f"metadata.qo_indptr has {len(qo)} entries and metadata.kv_indptr {len(kv)}; both must be "
+                         "num_reqs + 1")
+    if kv[-1] > metadata.kv_indices.numel():
+        raise ValueError(f"metadata.kv_indptr[-1] is {kv[-1]} but metadata.kv_indices has only "
+                         f"{metadata.kv_indices.numel()} entries; it must hold at least kv_indptr[-1] token rows")
     q_lens = [b - a for a, b in zip(qo, qo[1:])]
     k_lens = [b - a for a, b in zip(kv, kv[1:])]
-    if any(n < 1 for n in q_lens):
-        bad = q_lens.index(min(q_lens))
-        raise ValueError(f"request {bad} has {q_lens[bad]} query tokens; padding needs at least one per request "
-                         "(drop requests without queries from the step first)")
-    query_len = max(q_lens)
-    P = next_pow2(query_len)
+    for b, (s_q, s_k) in enumerate(zip(q_lens, k_lens)):
+        if s_q > s_k:
+            raise ValueError(f"request {b} has qo_len {s_q} but kv_len {s_k}; a request with query tokens needs "
+                             "kv_len >= qo_len (its query tokens are the last qo_len tokens of its cache): drop the "
+                             "request or write its KV first")
+    query_len = max(q_lens, default=0)
+    P = next_pow2(max(query_len, 1))
     if placement == "front":
-        short = [b for b, n in enumerate(k_lens) if n < P]
+        short = [b for b, (n, s_q) in enumerate(zip(k_lens, q_lens)) if s_q and n < P]
         if short:
             b = short[0]
             raise ValueError(f"request {b} has kv_len {k_lens[b]} < {P} = next_pow2(max_qo_len {query_len}); "
                              "front padding needs kv_len >= the padded length (every pad row must see a key). "
                              "Use placement='back'")
     dev = q.device
-    src_rows, real_rows, placements = [], [], []
+    src_rows, real_rows, placements, kept = [], [], [], []
     kv_idx_parts, kv_cum = [], [0]
     for b, (s_q, s_k) in enumerate(zip(q_lens, k_lens)):
+        if s_q == 0:  # no output rows: not part of the padded call
+            placements.append("none")
+            continue
         p = P - s_q
+        at = len(kept) * P  # first row of this request in the padded call
+        kept.append(b)
         real = list(range(qo[b], qo[b + 1]))
         where = placement if placement != "auto" else ("front" if s_k >= P else "back")
         placements.append(where)
+        own = metadata.kv_indices[kv[b]:kv[b + 1]]
         if where == "front":
             src_rows += [qo[b]] * p + real
-            real_rows += [b * P + p + i for i in range(s_q)]
-            kv_idx_parts.append(metadata.kv_indices[kv[b]:kv[b + 1]])
+            real_rows += [at + p + i for i in range(s_q)]
+            kv_idx_parts.append(own)
             kv_cum.append(kv_cum[-1] + s_k)
-        else:
+        else:  # s_k >= s_q >= 1: own[-1] exists
             src_rows += real + [qo[b + 1] - 1] * p
-            real_rows += [b * P + i for i in range(s_q)]
-            own = metadata.kv_indices[kv[b]:kv[b + 1]]
+            real_rows += [at + i for i in range(s_q)]
             kv_idx_parts.append(torch.cat([own, own[-1:].expand(p)]) if p else own)
             kv_cum.append(kv_cum[-1] + s_k + p)
-    num_reqs = len(q_lens)
     idx_dtype = metadata.qo_indptr.dtype
     padded_md = DecodeMetadata(
-        qo_indptr=torch.arange(0, num_reqs * P + 1, P, dtype=idx_dtype, device=metadata.qo_indptr.device),
+        qo_indptr=torch.arange(0, len(kept) * P + 1, P, dtype=idx_dtype, device=metadata.qo_indptr.device),
         kv_indptr=torch.tensor(kv_cum, dtype=metadata.kv_indptr.dtype, device=metadata.kv_indptr.device),
         kv_indices=torch.cat(kv_idx_parts) if kv_idx_parts else metadata.kv_indices[:0],
-        kv_last_page_lens=metadata.kv_last_page_lens,
+        kv_last_page_lens=(metadata.kv_last_page_lens if len(kept) == len(q_lens) else  # page_size 1: all ones
+                           torch.ones(len(kept), dtype=metadata.kv_last_page_lens.dtype,
+                                      device=metadata.kv_last_page_lens.device)),
         max_qo_len=P,
     )
     padded_q = q.index_select(0, torch.tensor(src_rows, dtype=torch.long, device=dev)).contiguous()

@@ -7,14 +7,13 @@ the torch paths and the emulated fault. ``workbench probe-qlen`` runs it from th
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from workbench import device, mla
+from workbench import device, jsonio, mla
 from workbench.pow2 import check_count as _check_count, is_pow2
 from workbench.qlen._shared import flat_metadata, one_cpu_thread
 from workbench.qlen.fault import BACKENDS, FAULT_BACKEND, BackendUnavailable, decode
@@ -59,10 +58,12 @@ class ProbeReport:
         return not self.faulty_qlens
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain Python values (a ``max_err`` may be NaN: the output held NaN)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """Strict JSON (no ``NaN``/``Infinity``, which JSON does not have): a non-finite number is written ``null``."""
+        return jsonio.dumps(self.to_dict(), indent=2)
 
     def __str__(self) -> str:
         head = (f"probe-qlen: backend {self.backend_ran} ({self.reason}); {self.heads} heads, kv_lens {self.kv_lens}, "
