@@ -1,7 +1,7 @@
 """Conformance of workbench.blocksize with a REAL vLLM (the ``.venv-vllm`` environment).
 
 The main environment stays light; ``scripts/vllm_env.sh`` (called by ``scripts/test.sh``) makes a
-separate cached environment with ``vllm==0.32.0`` on the CPU torch. This module generates cases here
+separate cached environment with a real vLLM (0.33.0) on the CPU torch. This module generates cases here
 (hypothesis, deterministic), ships them as JSON to one subprocess under that environment's Python
 (``workbench.blocksize.ask_real_vllm``), which answers with vLLM's own
 ``vllm.v1.worker.utils.select_common_block_size`` (stand-in backend classes whose
@@ -30,14 +30,15 @@ MIN_GENERATED_CASES = 500
 
 # Declarations that changed between vLLM v0.20.0 (the catalog's "0.20") and the vLLM in .venv-vllm.
 # Each one is checked too: if the real class stops differing, the test says so.
-CHANGED_AFTER_0_20 = {
-    "0.32.0": {
-        "FLEX_ATTENTION": "%16",
-        "CPU_ATTN": "%32",
-        "FLASHMLA_SPARSE": "%64",
-        "ROCM_AITER_MLA_SPARSE": "1, %16",
-    },
+_CHANGED_0_32 = {
+    "FLEX_ATTENTION": "%16",
+    "CPU_ATTN": "%32",
+    "FLASHMLA_SPARSE": "%64",
+    "ROCM_AITER_MLA_SPARSE": "1, %16",
 }
+CHANGED_AFTER_0_20 = {"0.32.0": _CHANGED_0_32, "0.33.0": _CHANGED_0_32}
+# Installed versions that have a catalog table of their own (workbench.blocksize.declarations).
+CATALOG_OF = {"0.33.0": "0.33"}
 # Backends of the story that must import on CPU for the catalog check to mean something.
 MUST_READ = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "ROCM_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "TRITON_MLA",
              "FLASH_ATTN", "FLASHMLA")
@@ -140,7 +141,7 @@ def real():
     if python is None:
         pytest.skip(f"the vLLM conformance environment could not be created: {reason}")
     cases = generate_cases()
-    names = sorted(bs.catalog("0.20"))
+    names = sorted(set(bs.catalog("0.20")) | set(bs.catalog(bs.VLLM_VERSIONS[-1])))
     pairs = pairs_for_real_classes()
     requests = (cases
                 + [{"op": "read", "names": names}, {"op": "reader"}]
@@ -179,6 +180,8 @@ def test_catalog_0_20_matches_the_real_classes(real):
     assert not missing, {n: read["failures"].get(n) for n in missing}
     assert len(read["sizes"]) >= 14, read["failures"]
     for name, encoded in read["sizes"].items():
+        if name not in cat:
+            continue  # new after v0.20.0: test_catalog_of_the_installed_version_matches_its_classes
         got = [decode(e) for e in encoded]
         want = bs.parse_sizes(changed[name]) if name in changed else list(cat[name].sizes)
         assert got == want, (name, got, want, "catalog 0.20" if name not in changed else "CHANGED_AFTER_0_20")
@@ -188,13 +191,45 @@ def test_catalog_0_20_matches_the_real_classes(real):
 
 def test_preferred_block_size_matches_the_real_classes(real):
     """Without --block-size, vLLM asks the first attention layer's backend: get_preferred_block_size(16)."""
-    read, cat = real["read"], bs.catalog("0.20")
+    read = real["read"]
+    cat = bs.catalog(CATALOG_OF.get(read["version"], "0.20"))
     compared = 0
     for name, encoded in read["sizes"].items():
+        if name not in cat:
+            continue
         model = dataclasses.replace(cat[name], sizes=tuple(decode(e) for e in encoded))  # the installed declaration
         assert read["preferred"][name] == bs.preferred_block_size(model), name
         compared += 1
     assert compared >= 14 and read["preferred"]["ROCM_AITER_MLA"] == 16 and read["preferred"]["FLASHMLA"] == 64
+
+
+def test_catalog_of_the_installed_version_matches_its_classes(real):
+    """The catalog table of the installed release (e.g. "0.33" for vLLM 0.33.0) row by row against its classes.
+
+    A class that does not import on this CPU machine (needs CUDA or ROCm at import) must say in its note that
+    its row was read from the source; every other row must equal what the class declares.
+    """
+    version = real["read"]["version"]
+    if version not in CATALOG_OF:
+        pytest.fail(f"vLLM {version} has no catalog table: add one to workbench.blocksize.declarations "
+                    f"(read its classes, as the 0.33 table was) and to CATALOG_OF")
+    cat = bs.catalog(CATALOG_OF[version])
+    installed = {**real["reader"]["sizes"], **real["read"]["sizes"]}  # either reading (import order varies)
+    from_source = []
+    for name, backend in cat.items():
+        if name in installed:
+            assert [decode(e) for e in installed[name]] == list(backend.sizes), name
+        else:
+            assert "read from the source" in backend.note, (name, real["read"]["failures"].get(name))
+            from_source.append(name)
+    assert len(from_source) <= 6, from_source
+    readable = set(real["reader"]["sizes"])
+    assert readable <= set(cat), sorted(readable - set(cat))  # nothing the installed vLLM declares is missing
+    for name in ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA"):
+        assert cat[name].sizes_text == "%1", name
+    # The answer of the story is the same with the installed catalog: Eagle3 on AITER MLA at 16.
+    report = bs.check_spec_decode("ROCM_AITER_MLA", "ROCM_ATTN", 16, CATALOG_OF[version])
+    assert report.compatible and report.kernel_block_size == 16
 
 
 def test_installed_reader_reads_what_the_classes_declare(real):

@@ -56,7 +56,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, help="target attention backend, e.g. ROCM_AITER_MLA")
     p.add_argument("--draft", required=True, help="draft attention backend, e.g. ROCM_ATTN")
     p.add_argument("--block-size", type=int, default=None, help="manager block size in tokens (default: 16)")
-    p.add_argument("--vllm", default="0.20", help="catalog: 0.19 (before PR #39616), 0.20 (after) or installed")
+    p.add_argument("--vllm", default="0.20", help="catalog: 0.19 (before PR #39616), 0.20 (after), 0.33 (newer) or installed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def run(args: argparse.Namespace) -> int:
@@ -71,7 +71,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 def _add_catalog(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("catalog", help="the declared kernel block sizes of every attention backend")
-    p.add_argument("--vllm", default="0.20", help="catalog: 0.19, 0.20 or installed (default 0.20)")
+    p.add_argument("--vllm", default="0.20", help="catalog: 0.19, 0.20, 0.33 or installed (default 0.20)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table (like vLLM's docs table)")
 
     def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from workbench.blocksize.rules import (
     DEFAULT_BLOCK_SIZE, MultipleOf, _check_block_size, _describe_backend, _normalize_entry, format_sizes, parse_sizes,
 )
 
-VLLM_VERSIONS = tuple(DECLARED)  # catalog keys, oldest first: "0.19" (before PR #39616), "0.20" (after)
+VLLM_VERSIONS = tuple(DECLARED)  # catalog keys, oldest first: "0.19" (before PR #39616), "0.20" (after), "0.33"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +60,8 @@ class Backend:
 
 def _build_catalog(version: str) -> dict[str, Backend]:
     preferred = PREFERRED.get(version, {})
-    return {name: Backend(name, tuple(parse_sizes(sizes)), kind, CLASS_PREFIX + path, platform, reported, note,
-                          preferred.get(name))
+    return {name: Backend(name, tuple(parse_sizes(sizes)), kind, path if path.startswith("vllm.") else CLASS_PREFIX + path,
+                          platform, reported, note, preferred.get(name))
             for name, sizes, kind, path, platform, reported, note in DECLARED[version]}
 
 
@@ -78,13 +78,13 @@ def _catalog_key(vllm_version: object) -> str:
         return f"{m.group(1)}.{m.group(2)}"
     raise ValueError(
         f"vllm_version={vllm_version!r} is not in the catalog; choose '0.19' (before PR #39616), "
-        "'0.20' (after it) or 'installed' (read the installed vLLM's backend classes)")
+        "'0.20' (after it), '0.33' (vLLM 0.33.0) or 'installed' (read the installed vLLM's backend classes)")
 
 
 def catalog(vllm_version: str = "0.20") -> dict[str, Backend]:
     """The declared kernel block sizes of every backend, by registry name, for one vLLM version.
 
-    ``vllm_version``: ``"0.19"`` (before PR #39616), ``"0.20"`` (after), or ``"installed"``: the
+    ``vllm_version``: ``"0.19"`` (before PR #39616), ``"0.20"`` (after), ``"0.33"``, or ``"installed"``: the
     classes of the vLLM importable here that could be read (raises ``ValueError`` with the reason
     when vLLM is not importable; :func:`read_installed_backends` reports per backend).
     """
@@ -118,7 +118,7 @@ def get_backend(name: str | Backend, vllm_version: str = "0.20") -> Backend:
 
 
 def preferred_block_size(backend: Any, default: int = DEFAULT_BLOCK_SIZE) -> int:
-    """The manager block size vLLM picks when ``--block-size`` is not given (vLLM 0.19 and 0.20).
+    """The manager block size vLLM picks when ``--block-size`` is not given (vLLM 0.19 through 0.33).
 
     vLLM asks the backend of the first attention layer (the target model's) for its preferred block
     size: a backend that accepts ``default`` (16) or one of its multiples keeps it; otherwise the

@@ -83,6 +83,19 @@ def ask_real_vllm(requests: Sequence[Mapping], timeout: float = 600.0) -> list[d
     Raises:
         RuntimeError: no real vLLM is available (the message says why) or the oracle failed.
     """
+    return run_in_vllm(["workbench.blocksize", "--oracle"], requests, timeout=timeout)
+
+
+def run_in_vllm(module_args: Sequence[str], requests: Sequence[Mapping], timeout: float = 600.0,
+                extra_env: Mapping[str, str] | None = None) -> list:
+    """Send ``requests`` (JSON) to ``python -m <module_args>`` under the Python that imports vLLM and return the
+    answers it prints on one line opened by the marker (:func:`answer`). The one subprocess runner of the
+    package: the block-size oracle and :mod:`workbench.upstream` both go through it. ``extra_env`` is added to
+    the subprocess's environment.
+
+    Raises:
+        RuntimeError: no real vLLM is available (the message says why) or the subprocess failed.
+    """
     python, reason = vllm_python()
     if python is None:
         raise RuntimeError(f"no real vLLM available: {reason}")
@@ -90,13 +103,21 @@ def ask_real_vllm(requests: Sequence[Mapping], timeout: float = 600.0) -> list[d
     env = dict(os.environ)
     env["PYTHONPATH"] = str(_REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    proc = subprocess.run([python, "-m", "workbench.blocksize", "--oracle"], input=payload, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    env.update(extra_env or {})
+    proc = subprocess.run([python, "-m", *module_args], input=payload, capture_output=True, text=True,
+                          timeout=timeout, env=env)
     out = [line for line in proc.stdout.splitlines() if line.startswith(_MARKER)]
     if proc.returncode != 0 or len(out) != 1:
-        raise RuntimeError(f"the vLLM oracle ({python}) failed with exit code {proc.returncode}:\n"
-                           f"{proc.stderr[-3000:]}\n{proc.stdout[-1000:]}")
+        raise RuntimeError(f"python -m {' '.join(module_args)} under {python} failed with exit code "
+                           f"{proc.returncode}:\n{proc.stderr[-3000:]}\n{proc.stdout[-1000:]}")
     return json.loads(out[0][len(_MARKER):])
+
+
+def answer(answers: list) -> None:
+    """Print ``answers`` as the one marked stdout line :func:`run_in_vllm` reads (to the real stdout, so that
+    whatever vLLM logs on the way cannot be mistaken for them)."""
+    sys.__stdout__.write(_MARKER + json.dumps(answers) + "\n")
+    sys.__stdout__.flush()
 
 
 def serve_oracle() -> None:
@@ -170,8 +191,7 @@ def serve_oracle() -> None:
                             "failures": dict(reading.failures), "reason": reading.reason})
         else:
             answers.append({"error": "ValueError", "message": f"unknown op {op!r}"})
-    sys.__stdout__.write(_MARKER + json.dumps(answers) + "\n")
-    sys.__stdout__.flush()
+    answer(answers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """vLLM's block-size rules: declarations (``int | MultipleOf``), their notation, and the selector.
 
 :func:`select_common_block_size` gives vLLM's answer for every input in its domain (checked against
-the real function of vLLM 0.32.0 by ``tests/test_blocksize_vllm_conformance.py``). Where it differs
+the real function of the installed vLLM (0.33.0) by ``tests/test_blocksize_vllm_conformance.py``). Where it differs
 from vLLM (bad input only): vLLM returns an answer for a manager block size of 0, for an empty backend
 list, for ``True`` or non-positive ``int`` entries, and divides by zero on an entry ``0``; here those
 raise a ``ValueError`` that names the argument.
@@ -208,7 +208,7 @@ def _prepare(kv_manager_block_size: object, backends: object) -> tuple[int, list
 def _select(n: int, sizes: Sequence[Sequence[object]]) -> int | None:
     """vLLM's selection on normalized declarations; ``None`` when no size works.
 
-    The order of evaluation follows vLLM 0.32.0 (``vllm/v1/worker/utils.py``): a backend's whole
+    The order of evaluation follows vLLM 0.32-0.33 (``vllm/v1/worker/utils.py``): a backend's whole
     list is scanned, backends are consulted in order and the scan stops at the first that rejects,
     so an unknown entry raises exactly when vLLM would raise.
     """
