@@ -245,6 +245,20 @@ def test_policy_walks_the_table_in_order(monkeypatch):
         mla.triton_config(16, torch.bfloat16, backend="metal")
 
 
+def test_table_config_is_what_a_gpu_of_the_family_gets(monkeypatch):
+    """table_config walks the same table whatever runs here; on a GPU triton_config returns the same."""
+    for rows, tokens, reqs in ((16, 64 * 32768, 64), (32, 64 * 4096, 64), (64, 16 * 4096, 16), (128, 64 * 4096, 64)):
+        cfg = mla.table_config(rows, torch.bfloat16, tokens, num_reqs=reqs, sm_count=H200_SMS)
+        monkeypatch.setattr(workbench.device, "interpreter_active", lambda: False)
+        assert cfg == mla.triton_config(rows, torch.bfloat16, tokens, backend="cuda", gluon=True, num_reqs=reqs,
+                                        sm_count=H200_SMS)
+        monkeypatch.undo()
+    assert mla.table_config(16, torch.bfloat16, family="nvidia", gluon=True).kernel == "gluon_swap"
+    assert mla.table_config(64, torch.bfloat16, family="rocm").kernel == "triton"
+    with pytest.raises(ValueError, match="family is 'metal'"):
+        mla.table_config(16, torch.bfloat16, family="metal")
+
+
 def test_gluon_is_chosen_only_where_it_runs(monkeypatch):
     monkeypatch.setattr(workbench.device, "interpreter_active", lambda: False)
     assert mla.triton_config(64, torch.bfloat16).kernel == ("gluon" if workbench.device.gluon_available() else "triton")

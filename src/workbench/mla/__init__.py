@@ -38,16 +38,17 @@ from workbench.mla.inputs import (KV_LORA_RANK, MAX_QLEN, QK_HEAD_DIM, QK_ROPE_H
 from workbench.mla.launch import (SHARED_MEMORY_FALLBACKS, compiled_kernel_report, merge_programs, mla_decode_triton,
                                   triton_launch_plan)
 from workbench.mla.policy import (KERNELS, TritonConfig, choose_num_splits, default_splits, interpreter_config,
-                                  partial_dtype, shared_memory_ladder, triton_config, tuned_table)
-from workbench.mla.ref import default_sm_scale, mla_decode_paged_ref, mla_decode_ref, mla_decode_torch
+                                  partial_dtype, shared_memory_ladder, table_config, triton_config, tuned_table)
+from workbench.mla.ref import (GoldenCheck, check_against_golden, default_sm_scale, mla_decode_paged_ref,
+                               mla_decode_ref, mla_decode_torch, tolerance)
 
 __all__ = [
-    "AITER_HEADS", "BACKENDS", "INTERPRETER_MAX_WORK", "KERNELS", "KV_LORA_RANK", "MAX_QLEN", "QK_HEAD_DIM",
+    "AITER_HEADS", "BACKENDS", "GoldenCheck", "check_against_golden", "tolerance", "INTERPRETER_MAX_WORK", "KERNELS", "KV_LORA_RANK", "MAX_QLEN", "QK_HEAD_DIM",
     "QK_ROPE_HEAD_DIM", "SHARED_MEMORY_FALLBACKS", "DecodeExample", "DecodeOutput", "PageIndexMistake",
     "TritonConfig", "aiter_unsupported_reasons", "check_indptr", "check_values", "choose_backend",
     "choose_num_splits", "compiled_kernel_report", "default_sm_scale", "default_splits",
     "demo_page_indices_as_token_indices", "flat_cache", "interpreter_config", "make_decode_example", "merge_programs",
     "mla_decode", "mla_decode_aiter", "mla_decode_paged_ref", "mla_decode_ref", "mla_decode_torch",
-    "mla_decode_triton", "partial_dtype", "shared_memory_ladder", "triton_config", "triton_launch_plan",
+    "mla_decode_triton", "partial_dtype", "shared_memory_ladder", "table_config", "triton_config", "triton_launch_plan",
     "tuned_table",
 ]

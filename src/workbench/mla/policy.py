@@ -32,7 +32,7 @@ from workbench import device
 from workbench.mla.inputs import KV_LORA_RANK, QK_HEAD_DIM
 
 __all__ = ["KERNELS", "TUNED_DIR", "TritonConfig", "choose_num_splits", "default_splits", "interpreter_config",
-           "partial_dtype", "shared_memory_ladder", "triton_config", "tuned_table"]
+           "partial_dtype", "shared_memory_ladder", "table_config", "triton_config", "tuned_table"]
 
 KERNELS = ("triton", "gluon", "gluon_ws", "gluon_swap")
 TUNED_DIR = Path(__file__).resolve().parents[1] / "data" / "tuned"
@@ -257,12 +257,23 @@ def triton_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | Non
         raise ValueError(f"rows_per_req is {rows_per_req!r}; it must be an int >= 1 (max_qo_len * num_heads)")
     if device.interpreter_active():
         return interpreter_config()
-    fp32 = dtype.itemsize > 2
     if gluon is None:
         gluon = backend == "cuda" and device.gluon_available()
+    return table_config(rows_per_req, dtype, total_tokens, family="rocm" if backend == "hip" else "nvidia",
+                        gluon=gluon, num_reqs=num_reqs, sm_count=sm_count)
+
+
+def table_config(rows_per_req: int, dtype: torch.dtype, total_tokens: int | None = None, *, family: str = "nvidia",
+                 gluon: bool = True, num_reqs: int | None = None, sm_count: int | None = None) -> TritonConfig:
+    """The config the tuned table of ``family`` gives a call on a GPU of that family (``gluon``: whether the Gluon
+    kernels run there: an NVIDIA Hopper GPU), whatever runs here: what :func:`triton_config` returns on that GPU.
+    ``sm_count`` is the GPU's (an H200 has 132); the rules that separate the 64-row Gluon kernels need it with
+    ``num_reqs`` and ``total_tokens``."""
+    if not isinstance(rows_per_req, int) or rows_per_req < 1:
+        raise ValueError(f"rows_per_req is {rows_per_req!r}; it must be an int >= 1 (max_qo_len * num_heads)")
+    fp32 = dtype.itemsize > 2
     gluon = gluon and not fp32
-    table = tuned_table("rocm" if backend == "hip" else "nvidia")
-    for rule in table["rules"]:
+    for rule in tuned_table(family)["rules"]:
         cfg = rule["_config"]
         if _matches(rule["when"], cfg, rows_per_req, fp32, gluon, total_tokens, num_reqs, sm_count):
             return cfg

@@ -11,13 +11,15 @@ plus a floor) and the torch path of the benchmark.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from workbench.mla.inputs import KV_LORA_RANK, QK_HEAD_DIM, check_values, flat_cache
 
-__all__ = ["default_sm_scale", "mla_decode_paged_ref", "mla_decode_ref", "mla_decode_torch"]
+__all__ = ["GoldenCheck", "check_against_golden", "default_sm_scale", "mla_decode_paged_ref", "mla_decode_ref",
+           "mla_decode_torch", "tolerance"]
 
 
 def default_sm_scale(head_dim: int = QK_HEAD_DIM) -> float:
@@ -142,3 +144,60 @@ def mla_decode_torch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.T
     out = torch.einsum("bqhk,bkd->bqhd", p, rows[..., :kv_lora_rank])
     real = qpos[None, :] < qo_lens[:, None]  # (B, Qmax): rows that are real queries, in order
     return out[real], lse[real]
+
+
+def tolerance(gold: torch.Tensor, same_precision: torch.Tensor, dtype: torch.dtype) -> float:
+    """flash-attention's rule, derived rather than guessed: a kernel's max error against the fp32 golden may be at
+    most twice that of the same computation in ``dtype`` with plain torch ops (``same_precision``, e.g.
+    :func:`mla_decode_torch`) plus a floor of two ulps of ``dtype`` at the output's scale and 1e-5 (in fp32 the torch
+    path is the golden itself, error 0, and a kernel's other summation order still rounds differently)."""
+    floor = 2 * torch.finfo(dtype).eps * max(1.0, gold.abs().max().item()) + 1e-5
+    return 2 * (same_precision.float() - gold).abs().max().item() + floor
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldenCheck:
+    """A kernel's output against the golden under :func:`tolerance`, and its LSE against the golden's."""
+
+    max_err: float  # max |out - golden|
+    mean_err: float
+    torch_err: float  # the same-precision torch path's max error
+    bound: float  # tolerance(...)
+    lse_err: float  # max |lse - golden lse|
+    lse_bound: float  # 2 x the torch path's LSE error + a few fp32 ulps
+    lse_cosine_gap: float  # 1 - cos(lse, golden lse)
+    nan: bool  # any NaN in the output (a stray read of an unused row, in a NaN-filled cache)
+
+    @property
+    def ok(self) -> bool:
+        return (not self.nan and self.max_err <= self.bound and self.lse_err <= self.lse_bound
+                and self.lse_cosine_gap < 1e-6)
+
+    def __str__(self) -> str:
+        return (f"out max {self.max_err:.2e} mean {self.mean_err:.2e} (bound {self.bound:.2e}, torch "
+                f"{self.torch_err:.2e}); lse max {self.lse_err:.2e} (bound {self.lse_bound:.2e}); "
+                f"1-cos {self.lse_cosine_gap:.1e}{'; NaN in the output' if self.nan else ''}")
+
+
+def check_against_golden(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                         kv_indices: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype,
+                         sm_scale: float | None = None) -> GoldenCheck:
+    """Compare a decode's ``out`` and ``lse`` with :func:`mla_decode_ref` under :func:`tolerance` (the torch path of
+    :func:`mla_decode_torch` in ``dtype`` on the same, rounded inputs sets the bound). The LSE is an fp32 computation
+    in every path, so its floor is a few fp32 ulps."""
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    max_q = max((b - a for a, b in zip(qo, qo[1:])), default=1)
+    max_k = max((b - a for a, b in zip(kv, kv[1:])), default=1)
+    gold, gold_lse = mla_decode_ref(q, kv_cache, qo_indptr, kv_indptr, kv_indices, sm_scale)
+    same, same_lse = mla_decode_torch(q, kv_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, max_q, max_k)
+    err = (out.float() - gold).abs()
+    lse_err = (lse - gold_lse).abs().max().item() if lse.numel() else 0.0
+    lse_floor = 8 * torch.finfo(torch.float32).eps * max(1.0, gold_lse.abs().max().item() if lse.numel() else 1.0)
+    lse_bound = 2 * ((same_lse - gold_lse).abs().max().item() if lse.numel() else 0.0) + lse_floor + 1e-5
+    cos = torch.nn.functional.cosine_similarity(lse.flatten().double(), gold_lse.flatten().double(), dim=0).item() \
+        if lse.numel() else 1.0
+    return GoldenCheck(max_err=err.max().item() if err.numel() else 0.0,
+                       mean_err=err.mean().item() if err.numel() else 0.0,
+                       torch_err=(same.float() - gold).abs().max().item() if err.numel() else 0.0,
+                       bound=tolerance(gold, same, dtype) if err.numel() else 0.0, lse_err=lse_err,
+                       lse_bound=lse_bound, lse_cosine_gap=1 - cos, nan=bool(torch.isnan(out).any()))

@@ -192,8 +192,7 @@ def _probe_rows(backend: str, qlens: list[int], heads: int, num_reqs: int, kv_le
         gold, _ = mla.mla_decode_ref(q, cache, md.qo_indptr, md.kv_indptr, md.kv_indices, sm_scale)
         same, _ = mla.mla_decode_torch(q, cache, md.qo_indptr, md.kv_indptr, md.kv_indices, sm_scale, qlen,
                                        max(kv_lens))
-        floor = 2 * torch.finfo(dtype).eps * max(1.0, gold.abs().max().item()) + 1e-5
-        tol = 2 * (same.float() - gold).abs().max().item() + floor
+        tol = mla.tolerance(gold, same, dtype)
         verdict, err, err_b = classify_output(res.out, gold, tol, num_reqs)
         rows.append(ProbeRow(qlen, is_pow2(qlen), err, err_b, tol, verdict, ms))
     return rows, ran, reason
