@@ -17,4 +17,6 @@ rm -rf _build/nbval
 python scripts/nbval_notebooks.py
 
 echo "== pytest: unit tests, chapters (nbval-lax), browser"
-pytest tests _build/nbval --nbval-lax -p no:cacheprovider "$@"
+# one worker per core; --dist loadfile keeps a file's tests on one worker (a notebook's cells run in order in one
+# kernel, and the compile fixtures are compiled once per file)
+pytest tests _build/nbval --nbval-lax -p no:cacheprovider -n "${WB_TEST_WORKERS:-auto}" --dist loadfile "$@"
