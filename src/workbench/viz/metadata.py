@@ -48,8 +48,8 @@ def schedule_figure(schedule: PersistentSchedule, title: str | None = None) -> g
         ))
     loads = schedule.unit_loads()
     fig.update_layout(
-        title=title or (f"Persistent schedule: {schedule.num_reqs} requests over {schedule.num_units} units "
-                        f"(granules per unit {min(loads)}-{max(loads)}; hatched = partial)"),
+        title=title or (f"Persistent schedule: {schedule.num_reqs} requests, {schedule.num_units} units"
+                        f"<br><sup>granules per unit {min(loads)}-{max(loads)}; hatched = partial</sup>"),
         barmode="overlay", template="plotly_white", width=760, height=190 + 34 * schedule.num_units,
         xaxis={"title": f"KV granules ({G} tokens each)"},
         yaxis={"autorange": "reversed", "categoryorder": "array",
@@ -111,8 +111,7 @@ def interleaving_figure(replays: dict[str, Sequence[ReplayEvent]], active: str |
                         "args": [{"visible": vis}, {"xaxis.tickvals": tv, "xaxis.ticktext": tt}]})
     tv, tt = ticks(active)
     fig.update_layout(
-        title={"text": "Builds (squares) and runs (circles); the letter is the flag the design reads (T/F)",
-               "y": 0.97},
+        title={"text": "Builds (squares), runs (circles), flag read (T/F)", "y": 0.97},
         template="plotly_white", width=760, height=340,
         xaxis={"tickvals": tv, "ticktext": tt, "range": [-0.6, max(len(ticks(n)[0]) for n in names) - 0.4],
                "showgrid": False},
@@ -139,6 +138,6 @@ def stress_figure(results: Sequence[StressResult]) -> go.Figure:
                              text=[f"{r.mismatches:,} / {r.builds:,}" for r in results], textposition="top center",
                              showlegend=False, hoverinfo="skip"))
     fig.update_layout(barmode="stack", template="plotly_white", width=760, height=420,
-                      title="Stress test: uses whose decision was not the step's own",
+                      title="Stress test: decisions not the step's own",
                       yaxis={"title": "mismatches"}, legend={"font": {"size": 10}})
     return fig

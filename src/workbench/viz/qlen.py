@@ -170,7 +170,7 @@ def padding_cost_figure(ks: Sequence[int] = range(1, 16), *, heads: Sequence[int
     buttons = [dict(label=f"{h} heads", method="update",
                     args=[{"visible": [i // n == j for i in range(len(heads) * n)]}]) for j, h in enumerate(heads)]
     fig.update_layout(
-        title=f"Cost of padding verification to the next power of two<br><sup>roofline, batch {batch}, "
+        title=f"Padding verification to a power of two: roofline cost<br><sup>batch {batch}, "
               f"context {context}; the dropdown picks the heads per GPU</sup>",
         xaxis={"title": "k (verification qlen k + 1)", "dtick": 1}, yaxis={"title": "extra time (%)"},
         template="plotly_white", width=760, height=440,
@@ -188,7 +188,7 @@ def measured_padding_figure(rows: Sequence[dict[str, Any]], note: str = "") -> g
     labels = [f"H={r['heads']} B={r['batch']} L={r['context'] // 1024}k<br>qlen {r['qlen']}->{r['padded_qlen']}"
               for r in rows]
     fig = go.Figure()
-    series = [("measured (Triton kernel)", "overhead_pct", "#1f77b4"),
+    series = [("measured (workbench kernel)", "overhead_pct", "#1f77b4"),
               ("roofline, measured ceilings", "model_measured_pct", "#ff7f0e"),
               ("roofline, H200 datasheet", "model_pct", "#7f7f7f")]
     for name, key, color in series:
