@@ -56,6 +56,20 @@ def run_compiled():
     return _run_compiled
 
 
+@pytest.fixture(scope="session")
+def vllm_env_python():
+    """The Python that imports a real vLLM (``workbench.blocksize.vllm_python``): a skip with the reason where the
+    vLLM environment could not be created, a failure where ``$WB_VLLM_PYTHON`` names one that does not work."""
+    from workbench import blocksize
+
+    python, reason = blocksize.vllm_python()
+    if python is None and os.environ.get("WB_VLLM_PYTHON"):
+        pytest.fail(f"WB_VLLM_PYTHON is set but unusable: {reason}")
+    if python is None:
+        pytest.skip(f"the vLLM environment could not be created: {reason}")
+    return python
+
+
 @pytest.fixture
 def viz():
     pytest.importorskip("plotly", reason="plotly is not installed (the GPU machine's image lacks it); figures need it")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -134,12 +133,7 @@ PR_SCENARIOS = [  # (n, names, override) -> the pre-PR failure, the post-PR answ
 
 
 @pytest.fixture(scope="module")
-def real():
-    python, reason = bs.vllm_python()
-    if python is None and os.environ.get("WB_VLLM_PYTHON"):
-        pytest.fail(f"WB_VLLM_PYTHON is set but unusable: {reason}")
-    if python is None:
-        pytest.skip(f"the vLLM conformance environment could not be created: {reason}")
+def real(vllm_env_python):
     cases = generate_cases()
     names = sorted(set(bs.catalog("0.20")) | set(bs.catalog(bs.VLLM_VERSIONS[-1])))
     pairs = pairs_for_real_classes()
@@ -151,7 +145,7 @@ def real():
     assert len(answers) == len(requests)
     i = len(cases)
     return {
-        "python": python, "cases": cases, "select": answers[:i], "read": answers[i], "reader": answers[i + 1],
+        "python": vllm_env_python, "cases": cases, "select": answers[:i], "read": answers[i], "reader": answers[i + 1],
         "pairs": pairs, "select_real": answers[i + 2:i + 2 + len(pairs)], "pr": answers[i + 2 + len(pairs):],
     }
 

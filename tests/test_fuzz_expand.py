@@ -13,24 +13,21 @@ prints them, so a run's log says how many ran.
 
 from __future__ import annotations
 
-import os
 from unittest import mock
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import workbench
+from fuzz_support import FUZZ, Tally
 from workbench import blocksize, device
 from workbench import expand as E
 
 ON_GPU = workbench.device.on_gpu()
 DEV = torch.device("cuda" if ON_GPU else "cpu")
-EXAMPLES = int(os.environ.get("WB_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SENTINEL = -7_777_777
 KS = [1, 2, 3, 16, 64]
 BIG_ID = 2**30  # a padding id far outside any cache (row padding is never read for the result)
@@ -210,20 +207,17 @@ def _max_seq_len(kind: str, lens: list[int], validate: bool) -> int | None:
     return None
 
 
-COUNTS: dict[str, dict[str, int]] = {}
+TALLY = Tally()
 
 
 def _count(test: str, outcome: str) -> None:
-    outcome = outcome.replace("\\", "")  # the message patterns are regular expressions
-    c = COUNTS.setdefault(test, {})
-    c[outcome] = c.get(outcome, 0) + 1
+    TALLY.count(test, outcome.replace("\\", ""))  # (message patterns are regular expressions)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts():
     yield
-    for test, c in COUNTS.items():
-        print(f"\n{test}: {sum(c.values())} cases: {c}")
+    TALLY.report()
 
 
 def _snapshot(*tensors: torch.Tensor) -> list[torch.Tensor]:

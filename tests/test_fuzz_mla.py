@@ -10,23 +10,20 @@ cases and outcomes and prints them, so a run's log says how many ran.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import workbench
+from fuzz_support import FUZZ, Tally
 from mla_cases import D, DV, check_against_golden
 from workbench import mla
 from workbench.decode_metadata import DecodeMetadata
 
 ON_GPU = workbench.device.on_gpu()
 DEV = torch.device("cuda" if ON_GPU else "cpu")
-EXAMPLES = int(os.environ.get("WB_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16, torch.float32]
 HEADS = [1, 3, 16, 128] if ON_GPU else [1, 2, 3, 16]
 MAX_KV = 3000 if ON_GPU else 70
@@ -116,19 +113,17 @@ def _refused_because(lay, qo, out) -> str | None:
     return None
 
 
-COUNTS: dict[str, dict[str, int]] = {}
+TALLY = Tally()
 
 
 def _count(test: str, outcome: str) -> None:
-    c = COUNTS.setdefault(test, {})
-    c[outcome] = c.get(outcome, 0) + 1
+    TALLY.count(test, outcome)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts():
     yield
-    for test, c in COUNTS.items():
-        print(f"\n{test}: {sum(c.values())} cases: {c}")
+    TALLY.report()
 
 
 @FUZZ

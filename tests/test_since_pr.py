@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workbench import mla, perfmodel, qlen, since_pr as S
-from workbench.expand import build_flat_decode_metadata
+from workbench.qlen._shared import paged_batch
 
 ERAS = S.ERAS
 KS = range(1, 8)
@@ -139,20 +139,7 @@ def test_main_padding_rule():
 
 
 def _batch(qlen_, kv_lens=(40, 63), heads=16, K=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    pages = [-(-n // K) for n in kv_lens]
-    num_blocks = 1 + sum(pages) + 2
-    cache = torch.full((num_blocks * K, mla.QK_HEAD_DIM), float("nan"))
-    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
-    bt = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
-    for r, (n, p) in enumerate(zip(kv_lens, pages)):
-        bt[r, :p] = torch.tensor(perm[:p], dtype=torch.int32)
-        perm = perm[p:]
-        t = torch.arange(n)
-        cache[bt[r, t // K].long() * K + t % K] = torch.randn(n, mla.QK_HEAD_DIM, generator=g)
-    md = build_flat_decode_metadata(bt, torch.tensor(kv_lens, dtype=torch.int32), [qlen_] * len(kv_lens), K)
-    q = torch.randn(len(kv_lens) * qlen_, heads, mla.QK_HEAD_DIM, generator=g)
-    return q, cache, md
+    return paged_batch(qlen_, heads, kv_lens, torch.float32, torch.device("cpu"), seed, K)
 
 
 @pytest.mark.parametrize("qlen_", [2, 3, 5, 6])

@@ -14,7 +14,6 @@ and the ``"0.33"`` rules of :mod:`workbench.since_pr`. The only skip: no vLLM en
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -81,12 +80,7 @@ SUBPAGE = [1, 2, 3, 16, 24, 48, 64, 96, 128, 256, 1024]
 
 
 @pytest.fixture(scope="module")
-def real():
-    python, reason = bs.vllm_python()
-    if python is None and os.environ.get("WB_VLLM_PYTHON"):
-        pytest.fail(f"WB_VLLM_PYTHON is set but unusable: {reason}")
-    if python is None:
-        pytest.skip(f"the vLLM environment could not be created: {reason}")
+def real(vllm_env_python):
     ex, de = expand_cases(), decode_cases()
     requests = ([{"op": "about"}, {"op": "subpage", "block_sizes": SUBPAGE}] + [dict(op="expand", **c) for c in ex]
                 + de + MTP_CASES)

@@ -15,7 +15,7 @@ import torch
 
 from workbench import device, jsonio, mla
 from workbench.pow2 import check_count as _check_count, is_pow2
-from workbench.qlen._shared import flat_metadata, one_cpu_thread
+from workbench.qlen._shared import one_cpu_thread, paged_batch
 from workbench.qlen.fault import BACKENDS, FAULT_BACKEND, BackendUnavailable, decode
 
 __all__ = ["VERDICTS", "ProbeReport", "ProbeRow", "classify_output", "parse_qlens", "probe_qlen"]
@@ -74,26 +74,6 @@ class ProbeReport:
                          f"{r.tol:8.1e} {r.verdict:>16} {r.time_ms:8.1f}")
         lines.append("all ok" if self.all_ok else f"NOT ok at qlen {self.faulty_qlens}")
         return "\n".join(lines)
-
-
-def _probe_inputs(qlen: int, heads: int, kv_lens: Sequence[int], dtype: torch.dtype, dev: torch.device,
-                  seed: int, kernel_block_size: int = 16):
-    """Random q, a paged cache (block 0 reserved, blocks permuted, unused slots NaN) and its flat metadata."""
-    g = torch.Generator().manual_seed(seed * 1009 + qlen)
-    K = kernel_block_size
-    pages = [-(-n // K) for n in kv_lens]
-    num_blocks = 1 + sum(pages) + 2
-    cache = torch.full((num_blocks * K, mla.QK_HEAD_DIM), float("nan"))
-    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
-    block_table = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
-    for r, (n, p) in enumerate(zip(kv_lens, pages)):
-        block_table[r, :p] = torch.tensor(perm[:p], dtype=torch.int32)
-        perm = perm[p:]
-        t = torch.arange(n)
-        cache[block_table[r, t // K].long() * K + t % K] = torch.randn(n, mla.QK_HEAD_DIM, generator=g)
-    q = torch.randn(len(kv_lens) * qlen, heads, mla.QK_HEAD_DIM, generator=g)
-    md = flat_metadata(block_table.to(dev), kv_lens, [qlen] * len(kv_lens), K)
-    return q.to(dtype).to(dev), cache.to(dtype).to(dev), md
 
 
 def _sync(dev: torch.device) -> None:
@@ -180,7 +160,7 @@ def _probe_rows(backend: str, qlens: list[int], heads: int, num_reqs: int, kv_le
                 dev: torch.device, sm_scale: float | None, seed: int) -> tuple[list[ProbeRow], str, str]:
     rows, ran, reason = [], backend, ""
     for qlen in qlens:
-        q, cache, md = _probe_inputs(qlen, heads, kv_lens, dtype, dev, seed)
+        q, cache, md = paged_batch(qlen, heads, kv_lens, dtype, dev, seed * 1009 + qlen)
         if device.on_gpu():  # warm-up: compile outside the timed call
             decode(q, cache, md, sm_scale=sm_scale, backend=backend)
         _sync(dev)
