@@ -73,7 +73,7 @@ def expand_bench_figure(results: dict[str, Any] | None = None) -> go.Figure:
     ]
     bar_2us = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 2, "y1": 2,
                 "line": {"dash": "dot", "color": "#d62728"}}]
-    note_2us = [{"xref": "paper", "x": 0, "y": 0.301, "yref": "y", "text": "2 us bar", "showarrow": False,
+    note_2us = [{"xref": "paper", "x": 0, "y": 0.301, "yref": "y", "text": "2 us bar (1 x 97k)", "showarrow": False,
                  "xanchor": "left", "yanchor": "bottom", "font": {"color": "#d62728"}}]
     fig.update_layout(
         updatemenus=[{
@@ -92,7 +92,7 @@ def expand_bench_figure(results: dict[str, Any] | None = None) -> go.Figure:
         shapes=bar_2us, annotations=note_2us,
         barmode="group", yaxis={"type": "log", "title": "time per call (us)"},
         xaxis={"title": "requests x tokens each (K = 16)"},
-        title=f"Index expansion on {results['provenance'].get('device', '?')} (CUDA-graph replay; dense: eager)",
+        title=f"Index expansion, {results['provenance'].get('device', '?')} (graph replay; dense: eager)",
         width=820, height=480, template="plotly_white", legend={"font": {"size": 10}, "orientation": "h", "y": -0.2},
     )
     return fig
@@ -118,8 +118,7 @@ def loose_bound_figure(results: dict[str, Any] | None = None) -> go.Figure:
     fig.update_layout(
         barmode="group", yaxis={"type": "log", "title": "time per call (us)"},
         xaxis={"title": "requests x tokens each (K = 16)"},
-        title=f"A loose max_seq_len bound on {results['provenance'].get('device', '?')} (CUDA-graph replay; "
-              "a missing red bar was not timed)",
+        title=f"Tight and {bound // 1024}k max_seq_len bounds, {results['provenance'].get('device', '?')}",
         width=820, height=440, template="plotly_white", legend={"font": {"size": 10}, "orientation": "h", "y": -0.22},
     )
     return fig
@@ -141,8 +140,7 @@ def expansion_figure(block_table: torch.Tensor, seq_lens: torch.Tensor | list[in
         hovertemplate="token %{x}<br>row %{text}<br>block %{z}<extra></extra>",
     ))
     fig.update_layout(
-        title=f"kv_indices: token t of request r -> block_table[r, t // {kernel_block_size}] * {kernel_block_size} "
-              f"+ t % {kernel_block_size}",
+        title=f"row = block_table[r, t // {kernel_block_size}] * {kernel_block_size} + t % {kernel_block_size}",
         xaxis={"title": "token position t", "dtick": 1}, yaxis={"autorange": "reversed"},
         width=760, height=140 + 50 * len(lens), template="plotly_white",
     )
