@@ -95,8 +95,8 @@ BARS: tuple[Bar, ...] = (
     Bar("bandwidth at 512 x 128k", (512, 131_072), "kernel_frac_copy", ">=", 0.90, "x copy bandwidth"),
     Bar("latency at 1 x 97k", (1, 97_000), "kernel_us", "<=", 2.0, "us"),
     # many requests: the launch, the prefix sum and the dependent store already cost about what a torch fill_ of
-    # the same output bytes costs, so the bar is a ratio to that fill_, measured in the same run
-    Bar("latency at 256 x 4k against a fill_ of the same bytes", (256, 4_096), "kernel_over_fill", "<=", 1.10, "x"),
+    # the same output bytes costs (the results table prints that fill_ beside a miss)
+    Bar("latency at 256 x 4k", (256, 4_096), "kernel_us", "<=", 2.0, "us"),
     Bar("speed-up over serial at 1 x 97k", (1, 97_000), "speedup_vs_serial", ">=", 10.0, "x"),
 )
 
@@ -109,7 +109,7 @@ def check_bars(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         case = by_shape.get(bar.case)
         if case is None:
             continue
-        value = case["kernel_us"] / case["fill_same_bytes_us"] if bar.metric == "kernel_over_fill" else case[bar.metric]
+        value = case[bar.metric]
         ok = value >= bar.target if bar.op == ">=" else value <= bar.target
         verdicts.append({**dataclasses.asdict(bar), "value": value, "verdict": "PASS" if ok else "MISS"})
     return verdicts

@@ -48,17 +48,14 @@ def test_bars_from_a_payload():
     cases = [
         {"num_reqs": 512, "seq_len": 131_072, "K": 16, "kernel_frac_copy": 0.93},
         {"num_reqs": 1, "seq_len": 97_000, "K": 16, "kernel_us": 2.5, "speedup_vs_serial": 12.0},
-        {"num_reqs": 256, "seq_len": 4_096, "K": 16, "kernel_us": 2.3, "fill_same_bytes_us": 2.2},
+        {"num_reqs": 256, "seq_len": 4_096, "K": 16, "kernel_us": 1.9},
         {"num_reqs": 256, "seq_len": 4_096, "K": 64, "kernel_us": 9.9},  # another K: no bar reads it
     ]
-    bars = {b["name"]: b for b in B.check_bars(cases)}
-    assert {k: b["verdict"] for k, b in bars.items()} == {
+    verdicts = {b["name"]: b["verdict"] for b in B.check_bars(cases)}
+    assert verdicts == {
         "bandwidth at 512 x 128k": "PASS", "latency at 1 x 97k": "MISS",
-        "latency at 256 x 4k against a fill_ of the same bytes": "PASS", "speed-up over serial at 1 x 97k": "PASS",
+        "latency at 256 x 4k": "PASS", "speed-up over serial at 1 x 97k": "PASS",
     }
-    assert bars["latency at 256 x 4k against a fill_ of the same bytes"]["value"] == pytest.approx(2.3 / 2.2)
-    slow = [dict(cases[2], kernel_us=2.5)]  # 1.14x the fill_: missed
-    assert B.check_bars(slow)[0]["verdict"] == "MISS"
     assert B.check_bars(cases[2:]) == [b for b in B.check_bars(cases) if b["case"] == (256, 4_096)]
 
 
@@ -81,7 +78,7 @@ def test_committed_result_has_the_schema_the_benchmark_writes():
     assert [(b["name"], b["value"], b["verdict"]) for b in COMMITTED["bars"]] == [
         (b["name"], b["value"], b["verdict"]) for b in B.check_bars(COMMITTED["cases"])]
     table = B.format_table(COMMITTED)
-    assert "latency at 256 x 4k" in table and "store only" in table
+    assert "latency at 256 x 4k" in table and "MISS" in table and "store only" in table
 
 
 def test_every_threshold_has_a_knob_with_valid_candidates(tmp_path):
