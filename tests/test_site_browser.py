@@ -6,7 +6,9 @@ driven by Playwright), and asserts for each page:
 * no uncaught JavaScript error and no console error;
 * every plotly figure has drawn (its ``svg.main-svg`` exists);
 * every saved ipywidgets view has rendered (when the page carries widget state);
-* no request leaves 127.0.0.1 (such requests are aborted and recorded, so a CDN dependency fails loudly).
+* no request leaves 127.0.0.1 (such requests are aborted and recorded, so a CDN dependency fails loudly);
+* at 1400 px wide, no code block or text output scrolls sideways, no figure is wider than the page, and no
+  figure title runs past its figure's edge.
 
 One screenshot per page is kept under ``_build/screenshots/`` as a test artifact.
 The site must exist: ``make test`` builds it first (``make book`` alone builds it too).
@@ -34,6 +36,34 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]
+
+
+# What the layout check measures in the page: text blocks wider than their box (a sideways scrollbar), figures
+# past the right edge of the page, and figure titles past their figure's edges.
+LAYOUT_JS = """() => {
+  const problems = [];
+  for (const pre of document.querySelectorAll('main pre')) {
+    if (pre.scrollWidth > pre.clientWidth + 2) {
+      const first = (pre.innerText.split('\\n').find(l => l.trim().length > 0) || '').slice(0, 60);
+      problems.push(`text scrolls sideways (${pre.scrollWidth} > ${pre.clientWidth} px): ${first}`);
+    }
+  }
+  const page = (document.querySelector('main') || document.body).getBoundingClientRect();
+  for (const div of document.querySelectorAll('div.plotly-graph-div')) {
+    const fig = div.getBoundingClientRect();
+    if (fig.right > page.right + 1) problems.push(`figure wider than the page: ${Math.round(fig.width)} px`);
+    const svg = div.querySelector('svg.main-svg');
+    if (!svg) continue;
+    const box = svg.getBoundingClientRect();
+    for (const title of div.querySelectorAll('.gtitle')) {
+      const t = title.getBoundingClientRect();
+      if (t.width && (t.left < box.left - 1 || t.right > box.right + 1)) {
+        problems.push(`figure title clipped: ${title.textContent.slice(0, 60)}`);
+      }
+    }
+  }
+  return problems;
+}"""
 
 
 def _pages() -> list[str]:
@@ -81,7 +111,7 @@ def test_site_has_pages():
 @pytest.mark.parametrize("page_path", _pages() or ["(no site built)"])
 def test_page_offline_no_errors_figures_drawn(server, browser, page_path):
     origin = urlparse(server).netloc
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
     outside: list[str] = []
 
     def guard(route):
@@ -116,6 +146,7 @@ def test_page_offline_no_errors_figures_drawn(server, browser, page_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / (page_path.replace("/", "__") + ".png")), full_page=True)
     drawn = page.locator("div.plotly-graph-div svg.main-svg").count()
+    layout = page.evaluate(LAYOUT_JS)
     context.close()
 
     assert not outside, f"{page_path}: requests left 127.0.0.1: {outside}"
@@ -123,3 +154,4 @@ def test_page_offline_no_errors_figures_drawn(server, browser, page_path):
     assert not console_errors, f"{page_path}: console errors: {console_errors}"
     assert not not_found, f"{page_path}: failed requests: {not_found}"
     assert drawn >= n_figures, f"{page_path}: {n_figures} plotly figures, {drawn} drawn"
+    assert not layout, f"{page_path}: layout at 1400 px: {layout}"
