@@ -294,17 +294,26 @@ def test_declaration_tables_are_well_formed():
         assert set(decl.PREFERRED.get(version, {})) <= set(names), version
 
 
-def test_installed_reader_never_fails():
-    reading = bs.read_installed_backends()
+def test_installed_reader_never_fails(monkeypatch):
     from workbench import device
 
     if device.vllm_status().available:  # this environment has vLLM: read it
+        reading = bs.read_installed_backends()
         assert reading.available and reading.backends
         assert "ROCM_AITER_MLA" in reading.backends or "ROCM_AITER_MLA" in reading.failures
-    else:
+        return
+    # No vLLM here and none reachable: every field says so, and the "installed" catalog refuses with the reason.
+    # (With the conformance environment, tests/test_blocksize_vllm_conformance.py reads it from here.)
+    monkeypatch.setenv("WB_VLLM_PYTHON", "/nonexistent/python")
+    bs.read_installed_backends.cache_clear()
+    try:
+        reading = bs.read_installed_backends()
         assert not reading.available and reading.backends == {} and "not importable" in reading.reason
+        assert "/nonexistent/python" in reading.reason
         with pytest.raises(ValueError, match="vllm_version='installed'"):
             bs.catalog("installed")
+    finally:
+        bs.read_installed_backends.cache_clear()
 
 
 # ---- KV-cache groups and hybrid blocks ---------------------------------------------------------

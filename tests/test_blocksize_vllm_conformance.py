@@ -226,6 +226,31 @@ def test_catalog_of_the_installed_version_matches_its_classes(real):
     assert report.compatible and report.kernel_block_size == 16
 
 
+def test_installed_catalog_reads_the_conformance_environment_from_here(real):
+    """``catalog("installed")`` (``workbench check --vllm installed``) in a process without vLLM reads the
+    conformance environment's classes: the same declarations as the reader run there."""
+    from workbench import device
+
+    if device.vllm_status().available:
+        pytest.skip("this process imports vLLM itself: the in-process reader is what it uses")
+    bs.read_installed_backends.cache_clear()
+    try:
+        cat = bs.catalog("installed")
+        reading = bs.read_installed_backends()
+    finally:
+        bs.read_installed_backends.cache_clear()
+    assert reading.available and reading.vllm_version == real["reader"]["version"]
+    # which classes import on CPU depends on what the process imported before, so compare what both read
+    declared = {**real["reader"]["sizes"], **real["read"]["sizes"]}
+    assert cat and set(cat) <= set(declared), sorted(set(cat) - set(declared))
+    for name, backend in cat.items():
+        assert list(backend.sizes) == [decode(e) for e in declared[name]], name
+    assert all(reason for reason in reading.failures.values())
+    assert cat["ROCM_AITER_MLA"].sizes_text == "%1" and cat["ROCM_AITER_MLA"].kind == "mla"
+    report = bs.check_spec_decode("ROCM_AITER_MLA", "ROCM_ATTN", 16, "installed")
+    assert report.compatible and report.kernel_block_size == 16
+
+
 def test_installed_reader_reads_what_the_classes_declare(real):
     reader, read = real["reader"], real["read"]
     assert reader["available"] and reader["version"] == read["version"]

@@ -85,8 +85,8 @@ def catalog(vllm_version: str = "0.20") -> dict[str, Backend]:
     """The declared kernel block sizes of every backend, by registry name, for one vLLM version.
 
     ``vllm_version``: ``"0.19"`` (before PR #39616), ``"0.20"`` (after), ``"0.33"``, or ``"installed"``: the
-    classes of the vLLM importable here that could be read (raises ``ValueError`` with the reason
-    when vLLM is not importable; :func:`read_installed_backends` reports per backend).
+    classes of the installed vLLM that could be read (here, or in the conformance environment; raises
+    ``ValueError`` with the reason when neither has vLLM; :func:`read_installed_backends` reports per backend).
     """
     key = _catalog_key(vllm_version)
     if key == "installed":
@@ -201,14 +201,19 @@ class InstalledBackends:
 def read_installed_backends() -> InstalledBackends:
     """Import the installed vLLM's real backend classes and read their declarations.
 
-    Never raises: when vLLM is missing every field says so, and a backend whose module fails to
-    import (many need CUDA or ROCm libraries at import) is listed in ``failures`` with the reason.
+    The installed vLLM is this process's when it imports here, else the one of the Python that
+    :func:`workbench.blocksize.oracle.vllm_python` finds (``$WB_VLLM_PYTHON`` or the conformance
+    environment ``.venv-vllm``), read there in a subprocess. Never raises: when no vLLM is reachable
+    every field says so, and a backend whose module fails to import (many need CUDA or ROCm libraries
+    at import) is listed in ``failures`` with the reason.
     """
     from workbench import device
 
     status = device.vllm_status()
-    if not status.available:
-        return InstalledBackends(False, status.version, {}, {}, f"vLLM is not importable here: {status.reason}")
+    if not status.available:  # read it where it is installed: $WB_VLLM_PYTHON or .venv-vllm
+        from workbench.blocksize.oracle import read_backends_elsewhere
+
+        return read_backends_elsewhere()
     try:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except Exception as exc:  # noqa: BLE001 - any failure is the reason

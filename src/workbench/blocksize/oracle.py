@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from workbench.blocksize.catalog import read_installed_backends
+from workbench.blocksize.catalog import Backend, InstalledBackends, read_installed_backends
 from workbench.blocksize.rules import MultipleOf, _is_foreign_multiple_of
 
 _REPO = pathlib.Path(__file__).resolve().parents[3]  # src/workbench/blocksize/oracle.py -> the repository
@@ -37,6 +37,27 @@ def _decode_entry(x: object, multiple_of: type) -> object:
         if "float" in x:
             return float(x["float"])
     return x
+
+
+def read_backends_elsewhere() -> "InstalledBackends":
+    """:func:`read_installed_backends`, run under the Python that imports vLLM (:func:`vllm_python`).
+
+    For a process without vLLM: the reading of the conformance environment's vLLM, rebuilt here. Never
+    raises; when no vLLM is reachable, ``available`` is ``False`` and ``reason`` says why.
+    """
+    python, why = vllm_python()
+    if python is None:
+        return InstalledBackends(False, None, {}, {}, f"vLLM is not importable here, and {why}")
+    try:
+        (reply,) = ask_real_vllm([{"op": "reader"}])
+    except RuntimeError as exc:
+        return InstalledBackends(False, None, {}, {}, f"reading vLLM under {python} failed: {exc}")
+    backends = {name: Backend(name, tuple(_decode_entry(x, MultipleOf) for x in reply["sizes"][name]),
+                              meta["kind"], meta["class_path"], meta["platform"], meta["reported_name"],
+                              f"read from vLLM {reply['version']} under {python}")
+                for name, meta in reply["backends"].items()}
+    where = f"{reply['reason']} (under {python})"
+    return InstalledBackends(reply["available"], reply["version"], backends, reply["failures"], where)
 
 
 def vllm_python() -> tuple[str | None, str]:
@@ -188,6 +209,9 @@ def serve_oracle() -> None:
             reading = read_installed_backends()
             answers.append({"available": reading.available, "version": reading.vllm_version,
                             "sizes": {n: [_encode_entry(x) for x in b.sizes] for n, b in reading.backends.items()},
+                            "backends": {n: {"kind": b.kind, "class_path": b.class_path, "platform": b.platform,
+                                             "reported_name": b.reported_name}
+                                         for n, b in reading.backends.items()},
                             "failures": dict(reading.failures), "reason": reading.reason})
         else:
             answers.append({"error": "ValueError", "message": f"unknown op {op!r}"})
