@@ -7,8 +7,8 @@ and expansion benchmarks: did a change make any default slower?
 The baseline's ``workbench`` package is copied to a temporary folder as ``workbench_baseline`` (its imports
 rewritten) so that both load side by side. Every point builds one set of inputs, and both revisions run their own
 default launch on them (the config and split count each would choose); their outputs must agree (the expansion
-bit for bit; the decode to a few bf16 ulps, since two kernels may sum in another order). Each round times both,
-the order alternating; a point's verdict compares the median of the per-round ratios (this / baseline) with
+bit for bit; the decode to a few bf16 ulps, since two kernels may sum in another order). Each repeat times both,
+the order alternating; a point's verdict compares the median of the per-repeat ratios (this / baseline) with
 ``1 + tolerance``. The decode timings cycle over enough input sets that L2 cannot hold them (as in decode.py).
 """
 

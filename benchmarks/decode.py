@@ -16,8 +16,8 @@ workbench reads the flat per-token indices that PR #39616's expansion makes of t
 (:func:`workbench.expand.expand_page_indices`, K = 64); FlashMLA reads the block table. The workbench is also timed
 on a token-scattered layout (every token a random row: page size 1, what aiter is handed), which FlashMLA cannot
 run. Each timing is a CUDA-graph replay cycling over enough input sets (>= 256 MiB of KV) that L2 cannot hold
-them; the two kernels alternate in every round (which one goes first alternates too); a point's value is the median
-over rounds, a ratio the median of the per-round ratios. Outputs of both kernels are compared on every point.
+them; the two kernels alternate in every repeat (which one goes first alternates too); a point's value is the median
+over the repeats, a ratio the median of the per-repeat ratios. Outputs of both kernels are compared on every point.
 
 The peer is found through ``--peer-path`` or the environment variable ``WORKBENCH_FLASHMLA`` (a folder holding
 ``flash_mla_dense.py``); it is never part of this repository.
@@ -222,7 +222,7 @@ def golden_error(x: Inputs, out: torch.Tensor, reqs: int = 2) -> float:
 def measure(point: Point, cache: torch.Tensor, fm: Any, rounds: int, log=print, sets: int | None = None,
             timer: Callable[[Callable[[], None], int], float] | None = None) -> dict[str, Any]:
     """Every timing of one point: the workbench on the paged layout and on the scattered one, FlashMLA on the paged
-    one, in ``rounds`` alternating rounds; the outputs compared. (``sets`` and ``timer``: for tests on CPU.)"""
+    one, in ``rounds`` alternating repeats; the outputs compared. (``sets`` and ``timer``: for tests on CPU.)"""
     timer = timer or timed
     x = Inputs(cache, point, sets or n_sets(point), seed=point.heads * 7919 + point.qlen * 101 + point.batch)
     sets = len(x.sets)
@@ -351,7 +351,7 @@ def run(points: list[Point], *, peer_path: str | None, rounds: int, log=print) -
                 peer="FlashMLA dense decode (deepseek-ai/FlashMLA), built from the folder given" if fm else None,
                 formulas={"kv_bytes": "batch * context * 576 * 2",
                           "flops": "batch * 2 * heads * qlen * context * (576 + 512)",
-                          "ratio": "median over rounds of workbench_us / flashmla_us (same round)"},
+                          "ratio": "median over the repeats of workbench_us / flashmla_us (each repeat times both)"},
                 layout=f"one bf16 cache of {PAGE}-token pages; random block tables; the workbench reads the "
                        f"expansion's flat indices (K = {PAGE}), or a token-scattered index list",
                 ceilings=ceil, results=rows, bars=evaluate_bars(rows, ceil))
@@ -440,7 +440,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench_decode.json", help="where the JSON goes (default bench_decode.json)")
     parser.add_argument("--peer-path", default=None,
                         help="folder of FlashMLA's dense decode peer (default: $WORKBENCH_FLASHMLA; none: no peer)")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds per point (median; default 7)")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating repeats per point (median; default 7)")
     parser.add_argument("--points", default=None,
                         help="comma-separated HEADSxQLEN:BATCH:CONTEXT, e.g. 16x1:64:32k (default: the bars' grid)")
     parser.add_argument("--tune", action="store_true",

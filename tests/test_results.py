@@ -39,7 +39,7 @@ def test_the_readme_table_is_the_commands_output():
 def test_a_missed_bar_says_how_far_off_from_the_same_run():
     rows, _ = results.committed_bars()
     peer_missed = [r for r in rows if r.benchmark == "decode" and r.verdict == "MISS" and "FlashMLA" in r.bar]
-    assert peer_missed and all("FlashMLA" in r.note and "matmul" in r.note and "rounds" in r.note for r in peer_missed)
+    assert peer_missed and all("FlashMLA" in r.note and "matmul" in r.note and "repeats" in r.note for r in peer_missed)
     decode = _committed("decode")
     for r in (r for r in rows if r.benchmark == "decode" and "FlashMLA" in r.bar):
         point = next(p for p in decode["results"] if r.bar.startswith(p["key"] + ":"))

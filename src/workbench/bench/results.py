@@ -22,7 +22,7 @@ __all__ = ["BarRow", "committed_bars", "format_markdown", "format_text"]
 @dataclasses.dataclass(frozen=True)
 class BarRow:
     """One bar of a committed run: the rule, the measured value (as text and as the bar's number), the verdict,
-    and a note (for a missed bar: how far off, from the same run; for a ratio bar: its per-round range)."""
+    and a note (for a missed bar: how far off, from the same run; for a ratio bar: its per-repeat range)."""
 
     benchmark: str  # "expand" | "decode"
     bar: str  # the point and the rule, e.g. "256 x 4k: <= 2 us"
@@ -83,7 +83,7 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
         if kind == "flashmla_ratio":
             measured = f"{v:.2f}x ({r['workbench_us']:.1f} against {r['flashmla_us']:.1f} us)"
             lo, hi = r["ratio_range"]
-            note = f"{len(r['rounds'])} rounds, {lo:.2f}-{hi:.2f}"
+            note = f"{len(r['rounds'])} repeats, {lo:.2f}-{hi:.2f}"
             if b["verdict"] != "PASS":
                 note += (f"; the workbench {r['tflops']:.0f} TFLOP/s, FlashMLA {r['flashmla_tflops']:.0f}, the bf16 "
                          f"matmul {matmul:.0f} in the same run")

@@ -88,7 +88,7 @@ def _store_chunk(kv_indices_ptr, vals, start, seq_len, tok0, BLOCK_T: tl.constex
     """Write the chunk's indices at ``kv_indices[start + tok0 :]``, only the tokens below ``seq_len``."""
     lane = _chunk_lanes(K, BLOCK_T, BCAST)
     base = start + tok0  # int64: output position of token tok0 of this request
-    if tok0 <= seq_len - BLOCK_T:  # a full chunk (written this way round so that it cannot overflow int32)
+    if tok0 <= seq_len - BLOCK_T:  # a full chunk (a subtraction, so that it cannot overflow int32)
         if base % 4 == 0:  # 16-byte aligned: the stores can be 16-byte vector stores
             # (base // 4) * 4 equals base here, and the compiler can see that it is a multiple of 4. Not
             # tl.multiple_of(base, 4): that marks the value base itself, in every branch, so the unaligned
