@@ -9,6 +9,7 @@ reserved, every slot no request owns filled with NaN so that a stray read shows 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -17,7 +18,8 @@ from workbench.expand import build_flat_decode_metadata
 from workbench.mla.inputs import QK_HEAD_DIM
 from workbench.mla.ref import mla_decode_paged_ref, mla_decode_ref
 
-__all__ = ["DecodeExample", "PageIndexMistake", "demo_page_indices_as_token_indices", "make_decode_example"]
+__all__ = ["DecodeExample", "PageIndexMistake", "demo_page_indices_as_token_indices", "make_decode_example",
+           "random_paged_cache"]
 
 
 @dataclasses.dataclass
@@ -92,6 +94,25 @@ class DecodeExample:
         return self.kv_cache.view(-1, 1, 1, QK_HEAD_DIM)
 
 
+def random_paged_cache(seq_lens: Sequence[int], kernel_block_size: int,
+                       generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 cache ``[num_blocks, K, 576]`` and its int32 block table for requests of ``seq_lens`` tokens:
+    blocks handed out in a random order (block 0 never, two spare), each request's tokens random, every slot no
+    request owns NaN so that a stray read shows up. Draws from ``generator``."""
+    K = kernel_block_size
+    pages = [-(-n // K) for n in seq_lens]
+    num_blocks = 1 + sum(pages) + 2
+    cache = torch.full((num_blocks, K, QK_HEAD_DIM), float("nan"))
+    perm = (1 + torch.randperm(num_blocks - 1, generator=generator)).tolist()
+    block_table = torch.zeros(len(seq_lens), max(pages + [1]), dtype=torch.int32)
+    for r, (n, p) in enumerate(zip(seq_lens, pages)):
+        ids, perm = perm[:p], perm[p:]
+        block_table[r, :p] = torch.tensor(ids, dtype=torch.int32)
+        t = torch.arange(n)
+        cache[torch.tensor(ids, dtype=torch.long)[t // K], t % K] = torch.randn(n, QK_HEAD_DIM, generator=generator)
+    return cache, block_table
+
+
 def make_decode_example(query_lens: list[int], seq_lens: list[int], heads: int, kernel_block_size: int, *,
                         dtype: torch.dtype = torch.float32, device_: str | torch.device = "cpu",
                         seed: int = 0) -> DecodeExample:
@@ -105,16 +126,7 @@ def make_decode_example(query_lens: list[int], seq_lens: list[int], heads: int, 
         raise ValueError(f"query_lens {list(query_lens)} and seq_lens {list(seq_lens)} must have one entry per "
                          "request, with 0 <= query_len <= seq_len (the queries are the last tokens of the cache)")
     g = torch.Generator().manual_seed(seed)
-    pages = [-(-n // K) for n in seq_lens]
-    num_blocks = 1 + sum(pages) + 2
-    cache = torch.full((num_blocks, K, QK_HEAD_DIM), float("nan"))
-    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
-    block_table = torch.zeros(len(seq_lens), max(pages + [1]), dtype=torch.int32)
-    for r, (n, p) in enumerate(zip(seq_lens, pages)):
-        ids, perm = perm[:p], perm[p:]
-        block_table[r, :p] = torch.tensor(ids, dtype=torch.int32)
-        t = torch.arange(n)
-        cache[torch.tensor(ids, dtype=torch.long)[t // K], t % K] = torch.randn(n, QK_HEAD_DIM, generator=g)
+    cache, block_table = random_paged_cache(seq_lens, K, g)
     q = torch.randn(sum(query_lens), heads, QK_HEAD_DIM, generator=g)
     dev = torch.device(device_)
     seq = torch.tensor(seq_lens, dtype=torch.int32, device=dev)

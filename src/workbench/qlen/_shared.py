@@ -11,6 +11,7 @@ import torch
 from workbench import device, mla
 from workbench.decode_metadata import DecodeMetadata
 from workbench.expand import build_flat_decode_metadata, expand_page_indices_ref
+from workbench.mla.examples import random_paged_cache
 
 
 @contextlib.contextmanager
@@ -52,21 +53,12 @@ def flat_metadata(block_table: torch.Tensor, seq_lens: Sequence[int], query_lens
 
 def paged_batch(qlen: int, heads: int, kv_lens: Sequence[int], dtype: torch.dtype, dev: torch.device,
                 seed: int, kernel_block_size: int = 16):
-    """Random q ``(len(kv_lens) * qlen, heads, 576)``, a paged cache viewed flat ``(num_blocks * K, 576)`` (block 0
-    reserved, blocks permuted, unused slots NaN) and its :func:`flat_metadata`, every request with ``qlen``
-    queries; ``seed`` seeds the generator."""
+    """Random q ``(len(kv_lens) * qlen, heads, 576)``, a paged cache viewed flat ``(num_blocks * K, 576)``
+    (:func:`workbench.mla.examples.random_paged_cache`) and its :func:`flat_metadata`, every request with ``qlen``
+    queries; ``seed`` seeds the generator. The data of :func:`workbench.mla.make_decode_example`, with the
+    metadata from :func:`flat_metadata` (cheap under the interpreter)."""
     g = torch.Generator().manual_seed(seed)
-    K = kernel_block_size
-    pages = [-(-n // K) for n in kv_lens]
-    num_blocks = 1 + sum(pages) + 2
-    cache = torch.full((num_blocks * K, mla.QK_HEAD_DIM), float("nan"))
-    perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
-    block_table = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
-    for r, (n, p) in enumerate(zip(kv_lens, pages)):
-        block_table[r, :p] = torch.tensor(perm[:p], dtype=torch.int32)
-        perm = perm[p:]
-        t = torch.arange(n)
-        cache[block_table[r, t // K].long() * K + t % K] = torch.randn(n, mla.QK_HEAD_DIM, generator=g)
+    cache, block_table = random_paged_cache(kv_lens, kernel_block_size, g)
     q = torch.randn(len(kv_lens) * qlen, heads, mla.QK_HEAD_DIM, generator=g)
-    md = flat_metadata(block_table.to(dev), kv_lens, [qlen] * len(kv_lens), K)
-    return q.to(dtype).to(dev), cache.to(dtype).to(dev), md
+    md = flat_metadata(block_table.to(dev), kv_lens, [qlen] * len(kv_lens), kernel_block_size)
+    return q.to(dtype).to(dev), cache.view(-1, mla.QK_HEAD_DIM).to(dtype).to(dev), md
