@@ -4,6 +4,7 @@ end of its module so that a run's log says how many cases ran and how they ended
 
 from __future__ import annotations
 
+import collections
 import os
 
 from hypothesis import HealthCheck, settings
@@ -17,12 +18,11 @@ class Tally:
     """Outcomes per test: ``tally.count("expand_page_indices", "refused: block_table has strides")``."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, dict[str, int]] = {}
+        self.counts: collections.defaultdict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
     def count(self, test: str, outcome: str) -> None:
-        c = self.counts.setdefault(test, {})
-        c[outcome] = c.get(outcome, 0) + 1
+        self.counts[test][outcome] += 1
 
     def report(self) -> None:
         for test, c in self.counts.items():
-            print(f"\n{test}: {sum(c.values())} cases: {c}")
+            print(f"\n{test}: {c.total()} cases: {dict(c)}")
