@@ -82,7 +82,7 @@ def _summary(kind: str, key: str, per_round: list[dict[str, float]], tolerance: 
     return dict(kind=kind, point=key, this_us=statistics.median(t["this"] for t in per_round),
                 baseline_us=statistics.median(t["baseline"] for t in per_round), ratio=ratio,
                 ratio_range=[min(ratios), max(ratios)], verdict="PASS" if ratio <= 1 + tolerance else "MISS",
-                rounds=per_round, **extra)
+                repeats=per_round, **extra)
 
 
 def compare_decode(base: Any, point: bench_decode.Point, cache: torch.Tensor, rounds: int, tolerance: float) -> dict:
@@ -101,7 +101,7 @@ def compare_decode(base: Any, point: bench_decode.Point, cache: torch.Tensor, ro
         fn()
     torch.cuda.synchronize()
     ulp = bench_decode._max_ulp(outs["this"][0], outs["baseline"][0])
-    outs["baseline"] = outs["this"]  # timed: both write the same buffers
+    calls = {"this": call(workbench, "this"), "baseline": call(base, "this")}  # timed: both write the same buffers
     this_cfg = mla.triton_launch_plan(x.sets[0]["q"], x.qo_indptr, x.sets[0]["flat"], point.qlen)
     base_cfg = base.mla.triton_launch_plan(x.sets[0]["q"], x.qo_indptr, x.sets[0]["flat"], point.qlen)
     return _summary("decode", point.key, _rounds(calls, rounds, len(x.sets)), tolerance, max_ulp=ulp,
@@ -148,7 +148,7 @@ def run(baseline: str, rounds: int, tolerance: float, log=print) -> dict[str, An
     for p in bench_decode.POINTS:
         rows.append(compare_decode(base, p, cache, rounds, tolerance))
         log(_line(rows[-1]))
-    return dict(benchmark="compare_revisions", baseline=str(baseline), rounds=rounds, tolerance=tolerance,
+    return dict(benchmark="compare_revisions", baseline=str(baseline), repeats=rounds, tolerance=tolerance,
                 provenance=common.provenance(), results=rows,
                 verdict="PASS" if all(r["verdict"] == "PASS" for r in rows) else "MISS")
 
