@@ -257,7 +257,7 @@ def measure(point: Point, cache: torch.Tensor, fm: Any, rounds: int, log=print, 
         per_round.append({name: timer(calls[name], sets) for name in names})
     for name in calls:
         row[f"{name}_us"] = statistics.median(t[name] for t in per_round)
-    row["rounds"] = per_round
+    row["repeats"] = per_round
     row["scattered_ratio"] = statistics.median(t["scattered"] / t["workbench"] for t in per_round)
     if fm is not None:
         row["ratio"] = statistics.median(t["workbench"] / t["flashmla"] for t in per_round)
@@ -347,7 +347,7 @@ def run(points: list[Point], *, peer_path: str | None, rounds: int, log=print) -
     end_copy = common.copy_bandwidth()
     if end_copy["gb_s"] > ceil["copy"]["gb_s"]:
         ceil["copy"] = end_copy  # the ceiling is the best seen, at the start or the end
-    return dict(benchmark="mla_decode", provenance=common.provenance(), rounds=rounds, seconds=time.time() - t0,
+    return dict(benchmark="mla_decode", provenance=common.provenance(), repeats=rounds, seconds=time.time() - t0,
                 peer="FlashMLA dense decode (deepseek-ai/FlashMLA), built from the folder given" if fm else None,
                 formulas={"kv_bytes": "batch * context * 576 * 2",
                           "flops": "batch * 2 * heads * qlen * context * (576 + 512)",

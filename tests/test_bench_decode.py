@@ -76,9 +76,9 @@ def test_measure_reads_the_same_tokens_on_both_layouts_as_the_peer():
     row = bench.measure(p, cache, fm, rounds=3, log=lambda *_: None, sets=2, timer=fake_timer)
     assert row["golden_max_abs_err"] < 5e-3 and row["scattered_golden_max_abs_err"] < 5e-3
     assert row["flashmla_golden_max_abs_err"] < 5e-3 and row["vs_flashmla_max_ulp"] < 64
-    assert len(row["rounds"]) == 3 and set(row["rounds"][0]) == {"workbench", "scattered", "flashmla"}
+    assert len(row["repeats"]) == 3 and set(row["repeats"][0]) == {"workbench", "scattered", "flashmla"}
     assert order[0] is not order[3] and order[2] is order[3]  # the second repeat runs the calls in the reverse order
-    assert row["ratio"] == pytest.approx(sorted(t["workbench"] / t["flashmla"] for t in row["rounds"])[1])
+    assert row["ratio"] == pytest.approx(sorted(t["workbench"] / t["flashmla"] for t in row["repeats"])[1])
     assert fm.calls >= 2 * 4  # two sets per call; one correctness call and three repeats
 
 

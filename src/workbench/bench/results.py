@@ -83,7 +83,7 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
         if kind == "flashmla_ratio":
             measured = f"{v:.2f}x ({r['workbench_us']:.1f} against {r['flashmla_us']:.1f} us)"
             lo, hi = r["ratio_range"]
-            note = f"{len(r['rounds'])} repeats, {lo:.2f}-{hi:.2f}"
+            note = f"{len(r['repeats'])} repeats, {lo:.2f}-{hi:.2f}"
             if b["verdict"] != "PASS":
                 note += (f"; the workbench {r['tflops']:.0f} TFLOP/s, FlashMLA {r['flashmla_tflops']:.0f}, the bf16 "
                          f"matmul {matmul:.0f} in the same run")
