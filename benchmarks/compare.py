@@ -63,19 +63,6 @@ def load_baseline(src: str) -> Any:
     return importlib.import_module("workbench_baseline")
 
 
-def _rounds(calls: dict[str, Any], rounds: int, per: int) -> list[dict[str, float]]:
-    """``rounds`` repeats, each timing both twice in mirrored order (A B B A, the next B A A B) and keeping the mean
-    of each one's two times, so that a drift within a repeat (clocks, L2 state) weighs on both alike."""
-    out = []
-    for r in range(rounds):
-        names = list(calls) if r % 2 == 0 else list(calls)[::-1]
-        times: dict[str, list[float]] = {n: [] for n in names}
-        for n in names + names[::-1]:
-            times[n].append(bench_decode.timed(calls[n], per))
-        out.append({n: statistics.fmean(t) for n, t in times.items()})
-    return out
-
-
 def _summary(kind: str, key: str, per_round: list[dict[str, float]], tolerance: float, **extra: Any) -> dict:
     ratios = [t["this"] / t["baseline"] for t in per_round]
     ratio = statistics.median(ratios)
@@ -104,7 +91,7 @@ def compare_decode(base: Any, point: bench_decode.Point, cache: torch.Tensor, ro
     calls = {"this": call(workbench, "this"), "baseline": call(base, "this")}  # timed: both write the same buffers
     this_cfg = mla.triton_launch_plan(x.sets[0]["q"], x.qo_indptr, x.sets[0]["flat"], point.qlen)
     base_cfg = base.mla.triton_launch_plan(x.sets[0]["q"], x.qo_indptr, x.sets[0]["flat"], point.qlen)
-    return _summary("decode", point.key, _rounds(calls, rounds, len(x.sets)), tolerance, max_ulp=ulp,
+    return _summary("decode", point.key, bench_decode.mirrored_repeats(calls, rounds, len(x.sets)), tolerance, max_ulp=ulp,
                     config=f"{this_cfg[0].label}, {this_cfg[1]} splits",
                     baseline_config=f"{base_cfg[0].label}, {base_cfg[1]} splits")
 
@@ -133,7 +120,7 @@ def compare_expand(base: Any, num_reqs: int, seq_len: int, rounds: int, toleranc
         raise AssertionError(f"the expansion of {num_reqs} x {seq_len} differs between the revisions")
     calls = {"this": call(workbench, "this"), "baseline": call(base, "this")}  # timed: both write the same buffers
     this_cfg = expand.expand_config(num_reqs, seq_len)
-    return _summary("expand", f"{num_reqs}x{seq_len}", _rounds(calls, rounds, 1), tolerance, outputs_equal=same,
+    return _summary("expand", f"{num_reqs}x{seq_len}", bench_decode.mirrored_repeats(calls, rounds, 1), tolerance, outputs_equal=same,
                     config=repr(this_cfg))
 
 

@@ -16,8 +16,9 @@ workbench reads the flat per-token indices that PR #39616's expansion makes of t
 (:func:`workbench.expand.expand_page_indices`, K = 64); FlashMLA reads the block table. The workbench is also timed
 on a token-scattered layout (every token a random row: page size 1, what aiter is handed), which FlashMLA cannot
 run. Each timing is a CUDA-graph replay cycling over enough input sets (>= 256 MiB of KV) that L2 cannot hold
-them; the two kernels alternate in every repeat (which one goes first alternates too); a point's value is the median
-over the repeats, a ratio the median of the per-repeat ratios. Outputs of both kernels are compared on every point.
+them; every repeat times each call twice in mirrored order (:func:`mirrored_repeats`: A B C C B A, the next repeat
+C B A A B C); a point's value is the median over the repeats, a ratio the median of the per-repeat ratios. The
+workbench's two layouts write into the same output buffers; FlashMLA allocates its own. Outputs of both kernels are compared on every point.
 
 The peer is found through ``--peer-path`` or the environment variable ``WORKBENCH_FLASHMLA`` (a folder holding
 ``flash_mla_dense.py``); it is never part of this repository.
@@ -204,6 +205,23 @@ def timed(fn: Callable[[], None], calls: int) -> float:
     return common.time_cuda_graph(fn, graph_reps=reps, repeats=10 if est_us < 1000 else 5, warmup=1) / calls
 
 
+def mirrored_repeats(calls: dict[str, Callable[[], None]], repeats: int, per: int,
+                     timer: Callable[[Callable[[], None], int], float] | None = None) -> list[dict[str, float]]:
+    """``repeats`` repeats, each timing every call twice in mirrored order (A B C C B A; the next repeat starts from
+    the other end, C B A A B C) and keeping the mean of each call's two times, so that a drift within a repeat
+    (clocks, L2 state) weighs on all alike. ``per``: decode calls per timed call. The one timing loop of the
+    benchmarks (this file and compare.py)."""
+    timer = timer or timed
+    out = []
+    for r in range(repeats):
+        names = list(calls) if r % 2 == 0 else list(calls)[::-1]
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for n in names + names[::-1]:
+            times[n].append(timer(calls[n], per))
+        out.append({n: statistics.fmean(t) for n, t in times.items()})
+    return out
+
+
 def _max_ulp(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest difference of ``a`` and ``b`` in units of ``b``'s bf16 spacing (at least one ulp of 1e-3)."""
     eps = torch.finfo(b.dtype).eps
@@ -222,7 +240,7 @@ def golden_error(x: Inputs, out: torch.Tensor, reqs: int = 2) -> float:
 def measure(point: Point, cache: torch.Tensor, fm: Any, rounds: int, log=print, sets: int | None = None,
             timer: Callable[[Callable[[], None], int], float] | None = None) -> dict[str, Any]:
     """Every timing of one point: the workbench on the paged layout and on the scattered one, FlashMLA on the paged
-    one, in ``rounds`` alternating repeats; the outputs compared. (``sets`` and ``timer``: for tests on CPU.)"""
+    one, in ``rounds`` mirrored repeats; the outputs compared. (``sets`` and ``timer``: for tests on CPU.)"""
     timer = timer or timed
     x = Inputs(cache, point, sets or n_sets(point), seed=point.heads * 7919 + point.qlen * 101 + point.batch)
     sets = len(x.sets)
@@ -250,11 +268,7 @@ def measure(point: Point, cache: torch.Tensor, fm: Any, rounds: int, log=print, 
         peer_out = calls["flashmla"].outputs[0].reshape(flat_out.shape)  # type: ignore[attr-defined]
         row["flashmla_golden_max_abs_err"] = golden_error(x, peer_out)
         row["vs_flashmla_max_ulp"] = _max_ulp(flat_out, peer_out)
-    order = list(calls)
-    per_round = []
-    for r in range(rounds):
-        names = order if r % 2 == 0 else order[::-1]
-        per_round.append({name: timer(calls[name], sets) for name in names})
+    per_round = mirrored_repeats(calls, rounds, sets, timer)
     for name in calls:
         row[f"{name}_us"] = statistics.median(t[name] for t in per_round)
     row["repeats"] = per_round
@@ -440,7 +454,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench_decode.json", help="where the JSON goes (default bench_decode.json)")
     parser.add_argument("--peer-path", default=None,
                         help="folder of FlashMLA's dense decode peer (default: $WORKBENCH_FLASHMLA; none: no peer)")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating repeats per point (median; default 7)")
+    parser.add_argument("--rounds", type=int, default=7, help="mirrored repeats per point (median; default 7)")
     parser.add_argument("--points", default=None,
                         help="comma-separated HEADSxQLEN:BATCH:CONTEXT, e.g. 16x1:64:32k (default: the bars' grid)")
     parser.add_argument("--tune", action="store_true",
