@@ -1,4 +1,4 @@
-"""benchmarks/decode.py and benchmarks/compare.py on CPU: the point grid and its bars, the layouts both kernels read
+"""benchmarks/decode.py, benchmarks/compare.py and benchmarks/profile_decode.py on CPU: the point grid and its bars, the layouts both kernels read
 (checked with a stand-in for FlashMLA that reads the block table through the paged golden), the bar logic on
 synthetic rows, and loading another revision side by side. No timing is asserted (the timer is faked)."""
 
@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare  # noqa: E402
 import decode as bench  # noqa: E402
+import profile_decode  # noqa: E402
 
 
 def test_points_cover_the_bars_of_the_peer_comparison():
@@ -128,3 +129,15 @@ def test_another_revision_loads_side_by_side(tmp_path):
     assert base.mla.__name__ == "workbench_baseline.mla" and "workbench_baseline" in base.mla.launch.__name__
     with pytest.raises(FileNotFoundError, match="no workbench/__init__.py there"):
         compare.load_baseline(str(tmp_path))
+
+
+def test_profile_tool_checks_its_arguments_before_the_gpu(monkeypatch, tmp_path):
+    """The profiling helper refuses a malformed point, and a peer folder without FlashMLA, before it allocates."""
+    monkeypatch.setattr(sys, "argv", ["profile_decode.py", "16x8:64"])
+    with pytest.raises(ValueError, match="HEADSxQLEN:BATCH:CONTEXT"):
+        profile_decode.main()
+    monkeypatch.setattr(bench, "make_cache", lambda *a, **k: pytest.fail("allocated before the peer was found"))
+    monkeypatch.setattr(bench, "Inputs", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["profile_decode.py", "16x8:64:4k", "--peer-path", str(tmp_path)])
+    with pytest.raises(FileNotFoundError, match="no flash_mla_dense.py there"):
+        profile_decode.main()
