@@ -2,7 +2,7 @@
 and expansion benchmarks: did a change make any default slower?
 
     git worktree add /tmp/base lab-2026-12          # (or git archive REV src/workbench | tar -x -C DIR)
-    python benchmarks/compare.py --baseline /tmp/base/src [--rounds 11] [--tolerance 0.02] [--out F.json]
+    python benchmarks/compare.py --baseline /tmp/base/src [--repeats 11] [--tolerance 0.02] [--out F.json]
 
 The baseline's ``workbench`` package is copied to a temporary folder as ``workbench_baseline`` (its imports
 rewritten) so that both load side by side. Every point builds one set of inputs, and both revisions run their own
@@ -63,16 +63,16 @@ def load_baseline(src: str) -> Any:
     return importlib.import_module("workbench_baseline")
 
 
-def _summary(kind: str, key: str, per_round: list[dict[str, float]], tolerance: float, **extra: Any) -> dict:
-    ratios = [t["this"] / t["baseline"] for t in per_round]
+def _summary(kind: str, key: str, per_repeat: list[dict[str, float]], tolerance: float, **extra: Any) -> dict:
+    ratios = [t["this"] / t["baseline"] for t in per_repeat]
     ratio = statistics.median(ratios)
-    return dict(kind=kind, point=key, this_us=statistics.median(t["this"] for t in per_round),
-                baseline_us=statistics.median(t["baseline"] for t in per_round), ratio=ratio,
+    return dict(kind=kind, point=key, this_us=statistics.median(t["this"] for t in per_repeat),
+                baseline_us=statistics.median(t["baseline"] for t in per_repeat), ratio=ratio,
                 ratio_range=[min(ratios), max(ratios)], verdict="PASS" if ratio <= 1 + tolerance else "MISS",
-                repeats=per_round, **extra)
+                repeats=per_repeat, **extra)
 
 
-def compare_decode(base: Any, point: bench_decode.Point, cache: torch.Tensor, rounds: int, tolerance: float) -> dict:
+def compare_decode(base: Any, point: bench_decode.Point, cache: torch.Tensor, repeats: int, tolerance: float) -> dict:
     x = bench_decode.Inputs(cache, point, bench_decode.n_sets(point), seed=point.batch + point.heads)
     flat_cache = cache.view(-1, mla.QK_HEAD_DIM)
     outs = {name: [torch.empty_like(s["out"]) for s in x.sets] for name in ("this", "baseline")}
@@ -91,12 +91,13 @@ def compare_decode(base: Any, point: bench_decode.Point, cache: torch.Tensor, ro
     calls = {"this": call(workbench, "this"), "baseline": call(base, "this")}  # timed: both write the same buffers
     this_cfg = mla.triton_launch_plan(x.sets[0]["q"], x.qo_indptr, x.sets[0]["flat"], point.qlen)
     base_cfg = base.mla.triton_launch_plan(x.sets[0]["q"], x.qo_indptr, x.sets[0]["flat"], point.qlen)
-    return _summary("decode", point.key, bench_decode.mirrored_repeats(calls, rounds, len(x.sets)), tolerance, max_ulp=ulp,
+    times = bench_decode.mirrored_repeats(calls, repeats, len(x.sets))
+    return _summary("decode", point.key, times, tolerance, max_ulp=ulp,
                     config=f"{this_cfg[0].label}, {this_cfg[1]} splits",
                     baseline_config=f"{base_cfg[0].label}, {base_cfg[1]} splits")
 
 
-def compare_expand(base: Any, num_reqs: int, seq_len: int, rounds: int, tolerance: float) -> dict:
+def compare_expand(base: Any, num_reqs: int, seq_len: int, repeats: int, tolerance: float) -> dict:
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(num_reqs)
     blocks = -(-seq_len // EXPAND_K)
@@ -120,22 +121,22 @@ def compare_expand(base: Any, num_reqs: int, seq_len: int, rounds: int, toleranc
         raise AssertionError(f"the expansion of {num_reqs} x {seq_len} differs between the revisions")
     calls = {"this": call(workbench, "this"), "baseline": call(base, "this")}  # timed: both write the same buffers
     this_cfg = expand.expand_config(num_reqs, seq_len)
-    return _summary("expand", f"{num_reqs}x{seq_len}", bench_decode.mirrored_repeats(calls, rounds, 1), tolerance, outputs_equal=same,
-                    config=repr(this_cfg))
+    times = bench_decode.mirrored_repeats(calls, repeats, 1)
+    return _summary("expand", f"{num_reqs}x{seq_len}", times, tolerance, outputs_equal=same, config=repr(this_cfg))
 
 
-def run(baseline: str, rounds: int, tolerance: float, log=print) -> dict[str, Any]:
+def run(baseline: str, repeats: int, tolerance: float, log=print) -> dict[str, Any]:
     common.require_gpu()
     base = load_baseline(baseline)
     rows = []
     for num_reqs, seq_len in EXPAND_POINTS:
-        rows.append(compare_expand(base, num_reqs, seq_len, rounds, tolerance))
+        rows.append(compare_expand(base, num_reqs, seq_len, repeats, tolerance))
         log(_line(rows[-1]))
     cache = bench_decode.make_cache(bench_decode.POINTS, torch.device("cuda"))
     for p in bench_decode.POINTS:
-        rows.append(compare_decode(base, p, cache, rounds, tolerance))
+        rows.append(compare_decode(base, p, cache, repeats, tolerance))
         log(_line(rows[-1]))
-    return dict(benchmark="compare_revisions", baseline=str(baseline), repeats=rounds, tolerance=tolerance,
+    return dict(benchmark="compare_revisions", baseline=str(baseline), repeats=repeats, tolerance=tolerance,
                 provenance=common.provenance(), results=rows,
                 verdict="PASS" if all(r["verdict"] == "PASS" for r in rows) else "MISS")
 
@@ -148,13 +149,14 @@ def _line(r: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline", required=True, help="the src folder of the other revision's checkout")
-    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--repeats", type=int, default=11,
+                    help="mirrored repeats per point (median; default 11)")
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--out", default="compare_revisions.json")
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error(f"--rounds is {args.rounds}; it must be at least 1")
-    payload = run(args.baseline, args.rounds, args.tolerance)
+    if args.repeats < 1:
+        ap.error(f"--repeats is {args.repeats}; it must be at least 1")
+    payload = run(args.baseline, args.repeats, args.tolerance)
     print(f"wrote {common.write_json(args.out, payload)}: {payload['verdict']}")
     return 0 if payload["verdict"] == "PASS" else 1
 

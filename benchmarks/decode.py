@@ -1,6 +1,6 @@
 """The MLA decode benchmark: the workbench's decode against its ceilings and against FlashMLA, on the same cache.
 
-    python benchmarks/decode.py [--peer-path DIR] [--rounds 7] [--points 16x1:64:32k,...] [--out F.json]
+    python benchmarks/decode.py [--peer-path DIR] [--repeats 7] [--points 16x1:64:32k,...] [--out F.json]
     python benchmarks/decode.py --tune [--table src/workbench/data/tuned/decode_nvidia.json] [--rules NAME ...]
     workbench bench decode ...        (the same, from the CLI)
 
@@ -18,7 +18,8 @@ on a token-scattered layout (every token a random row: page size 1, what aiter i
 run. Each timing is a CUDA-graph replay cycling over enough input sets (>= 256 MiB of KV) that L2 cannot hold
 them; every repeat times each call twice in mirrored order (:func:`mirrored_repeats`: A B C C B A, the next repeat
 C B A A B C); a point's value is the median over the repeats, a ratio the median of the per-repeat ratios. The
-workbench's two layouts write into the same output buffers; FlashMLA allocates its own. Outputs of both kernels are compared on every point.
+workbench's two layouts write into the same output buffers; FlashMLA allocates its own. Outputs of both kernels
+are compared on every point.
 
 The peer is found through ``--peer-path`` or the environment variable ``WORKBENCH_FLASHMLA`` (a folder holding
 ``flash_mla_dense.py``); it is never part of this repository.
@@ -237,10 +238,10 @@ def golden_error(x: Inputs, out: torch.Tensor, reqs: int = 2) -> float:
     return float((out[:n_q].float() - gold).abs().max())
 
 
-def measure(point: Point, cache: torch.Tensor, fm: Any, rounds: int, log=print, sets: int | None = None,
+def measure(point: Point, cache: torch.Tensor, fm: Any, repeats: int, log=print, sets: int | None = None,
             timer: Callable[[Callable[[], None], int], float] | None = None) -> dict[str, Any]:
     """Every timing of one point: the workbench on the paged layout and on the scattered one, FlashMLA on the paged
-    one, in ``rounds`` mirrored repeats; the outputs compared. (``sets`` and ``timer``: for tests on CPU.)"""
+    one, in ``repeats`` mirrored repeats; the outputs compared. (``sets`` and ``timer``: for tests on CPU.)"""
     timer = timer or timed
     x = Inputs(cache, point, sets or n_sets(point), seed=point.heads * 7919 + point.qlen * 101 + point.batch)
     sets = len(x.sets)
@@ -268,15 +269,15 @@ def measure(point: Point, cache: torch.Tensor, fm: Any, rounds: int, log=print, 
         peer_out = calls["flashmla"].outputs[0].reshape(flat_out.shape)  # type: ignore[attr-defined]
         row["flashmla_golden_max_abs_err"] = golden_error(x, peer_out)
         row["vs_flashmla_max_ulp"] = _max_ulp(flat_out, peer_out)
-    per_round = mirrored_repeats(calls, rounds, sets, timer)
+    per_repeat = mirrored_repeats(calls, repeats, sets, timer)
     for name in calls:
-        row[f"{name}_us"] = statistics.median(t[name] for t in per_round)
-    row["repeats"] = per_round
-    row["scattered_ratio"] = statistics.median(t["scattered"] / t["workbench"] for t in per_round)
+        row[f"{name}_us"] = statistics.median(t[name] for t in per_repeat)
+    row["repeats"] = per_repeat
+    row["scattered_ratio"] = statistics.median(t["scattered"] / t["workbench"] for t in per_repeat)
     if fm is not None:
-        row["ratio"] = statistics.median(t["workbench"] / t["flashmla"] for t in per_round)
-        row["ratio_range"] = [min(t["workbench"] / t["flashmla"] for t in per_round),
-                              max(t["workbench"] / t["flashmla"] for t in per_round)]
+        row["ratio"] = statistics.median(t["workbench"] / t["flashmla"] for t in per_repeat)
+        row["ratio_range"] = [min(t["workbench"] / t["flashmla"] for t in per_repeat),
+                              max(t["workbench"] / t["flashmla"] for t in per_repeat)]
     us = row["workbench_us"]
     row.update(kv_gb_s=point.kv_bytes / (us * 1e-6) / 1e9, tflops=point.flops / (us * 1e-6) / 1e12,
                intensity_flop_per_byte=point.flops / point.kv_bytes)
@@ -349,7 +350,7 @@ def make_cache(points: list[Point], dev: torch.device, seed: int = 0, dtype: tor
     return torch.randn(num_blocks, PAGE, 1, mla.QK_HEAD_DIM, generator=g, device=dev, dtype=torch.float32).to(dtype)
 
 
-def run(points: list[Point], *, peer_path: str | None, rounds: int, log=print) -> dict[str, Any]:
+def run(points: list[Point], *, peer_path: str | None, repeats: int, log=print) -> dict[str, Any]:
     dev = common.require_gpu()
     fm = find_flashmla(peer_path)
     t0 = time.time()
@@ -357,11 +358,11 @@ def run(points: list[Point], *, peer_path: str | None, rounds: int, log=print) -
     log(f"copy {ceil['copy']['gb_s']:.0f} GB/s, bf16 matmul {ceil['matmul_bf16']['tflops']:.0f} TFLOP/s; "
         f"FlashMLA {'loaded' if fm is not None else 'not given (--peer-path or WORKBENCH_FLASHMLA)'}")
     cache = make_cache(points, dev)
-    rows = [measure(p, cache, fm, rounds, log) for p in points]
+    rows = [measure(p, cache, fm, repeats, log) for p in points]
     end_copy = common.copy_bandwidth()
     if end_copy["gb_s"] > ceil["copy"]["gb_s"]:
         ceil["copy"] = end_copy  # the ceiling is the best seen, at the start or the end
-    return dict(benchmark="mla_decode", provenance=common.provenance(), repeats=rounds, seconds=time.time() - t0,
+    return dict(benchmark="mla_decode", provenance=common.provenance(), repeats=repeats, seconds=time.time() - t0,
                 peer="FlashMLA dense decode (deepseek-ai/FlashMLA), built from the folder given" if fm else None,
                 formulas={"kv_bytes": "batch * context * 576 * 2",
                           "flops": "batch * 2 * heads * qlen * context * (576 + 512)",
@@ -402,7 +403,7 @@ def candidates(rule: dict[str, Any]) -> list[mla.TritonConfig]:
     return out
 
 
-def tune(table_path: str, rule_names: list[str] | None, rounds: int, log=print) -> dict[str, Any]:
+def tune(table_path: str, rule_names: list[str] | None, repeats: int, log=print) -> dict[str, Any]:
     """Time every candidate of each chosen rule (all rules with points by default) at the rule's points and write
     the fastest by geometric mean into the table (only after it matches the golden)."""
     dev = common.require_gpu()
@@ -427,7 +428,7 @@ def tune(table_path: str, rule_names: list[str] | None, rounds: int, log=print) 
                 for p in points[rule["name"]]:
                     x = Inputs(cache, p, n_sets(p), seed=p.batch)
                     fn, _ = workbench_call(x, "flat", cfg)
-                    times.append(statistics.median(timed(fn, len(x.sets)) for _ in range(rounds)))
+                    times.append(statistics.median(timed(fn, len(x.sets)) for _ in range(repeats)))
                     if golden_error(x, x.sets[0]["out"]) > 0.05:
                         raise RuntimeError("does not match the golden")
             except Exception as exc:  # noqa: BLE001 - a candidate that does not fit or fails is skipped, with why
@@ -454,7 +455,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench_decode.json", help="where the JSON goes (default bench_decode.json)")
     parser.add_argument("--peer-path", default=None,
                         help="folder of FlashMLA's dense decode peer (default: $WORKBENCH_FLASHMLA; none: no peer)")
-    parser.add_argument("--rounds", type=int, default=7, help="mirrored repeats per point (median; default 7)")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="mirrored repeats per point (median; default 7)")
     parser.add_argument("--points", default=None,
                         help="comma-separated HEADSxQLEN:BATCH:CONTEXT, e.g. 16x1:64:32k (default: the bars' grid)")
     parser.add_argument("--tune", action="store_true",
@@ -465,15 +467,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.rounds < 1:
-        raise ValueError(f"--rounds is {args.rounds}; it must be at least 1")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats is {args.repeats}; it must be at least 1")
     if args.tune:
-        report = tune(args.table, args.rules, min(args.rounds, 3))
+        report = tune(args.table, args.rules, min(args.repeats, 3))
         print(json.dumps(report["report"], indent=1))
         print(f"rewrote {args.table}")
         return 0
     points = [parse_point(p) for p in args.points.split(",")] if args.points else POINTS
-    payload = run(points, peer_path=args.peer_path, rounds=args.rounds)
+    payload = run(points, peer_path=args.peer_path, repeats=args.repeats)
     path = common.write_json(args.out, payload)
     for b in payload["bars"]:
         v = "not measured" if b["value"] is None else f"{b['value']:.3g}"

@@ -1,7 +1,8 @@
 """Eager calls of the decode at one point, for a profiler: the workbench's default, or FlashMLA on the same cache.
 
-    ncu --clock-control none -k regex:gluon_ws -c 1 --section SpeedOfLight ... python benchmarks/profile_decode.py 16x8:64:4k
-    ncu --clock-control none -k regex:splitkv -c 1 ... python benchmarks/profile_decode.py 16x8:64:4k --peer-path .peer/flashmla
+    ncu --clock-control none -k regex:gluon_ws -c 1 --section ... python benchmarks/profile_decode.py 16x8:64:4k
+    ncu --clock-control none -k regex:splitkv -c 1 --section ... python benchmarks/profile_decode.py 16x8:64:4k \
+        --peer-path .peer/flashmla
 
 Inputs as benchmarks/decode.py builds them (one input set: a page-64 cache, a random block table, the flat indices
 the expansion makes of it). Two calls; the reports in benchmarks/results/ profiled the first launch of each kernel

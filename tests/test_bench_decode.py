@@ -1,6 +1,7 @@
-"""benchmarks/decode.py, benchmarks/compare.py and benchmarks/profile_decode.py on CPU: the point grid and its bars, the layouts both kernels read
-(checked with a stand-in for FlashMLA that reads the block table through the paged golden), the bar logic on
-synthetic rows, and loading another revision side by side. No timing is asserted (the timer is faked)."""
+"""benchmarks/decode.py, benchmarks/compare.py and benchmarks/profile_decode.py on CPU: the point grid and its bars,
+the layouts both kernels read (checked with a stand-in for FlashMLA that reads the block table through the paged
+golden), the bar logic on synthetic rows, and loading another revision side by side. No timing is asserted (the
+timer is faked)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_measure_reads_the_same_tokens_on_both_layouts_as_the_peer():
         return 10.0 + len(order) % 3
 
     fm = FakeFlashMLA()
-    row = bench.measure(p, cache, fm, rounds=3, log=lambda *_: None, sets=2, timer=fake_timer)
+    row = bench.measure(p, cache, fm, repeats=3, log=lambda *_: None, sets=2, timer=fake_timer)
     assert row["golden_max_abs_err"] < 5e-3 and row["scattered_golden_max_abs_err"] < 5e-3
     assert row["flashmla_golden_max_abs_err"] < 5e-3 and row["vs_flashmla_max_ulp"] < 64
     assert len(row["repeats"]) == 3 and set(row["repeats"][0]) == {"workbench", "scattered", "flashmla"}
