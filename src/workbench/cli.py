@@ -6,7 +6,8 @@ Subcommands (each registered by one ``_add_*`` function below; keep them in the 
 * ``workbench check``           target + Eagle3 draft: their common kernel block size (``workbench.blocksize``)
 * ``workbench catalog``         the backends' declared kernel block sizes, as the docs table
 * ``workbench bench NAME``      GPU benchmarks, ``benchmarks/NAME.py`` of a source checkout (JSON with provenance):
-  ``bench expand`` (the index expansion), ``bench decode`` (the MLA decode, against FlashMLA with ``--peer-path``)
+  ``bench expand`` (the index expansion), ``bench decode`` (the MLA decode, against FlashMLA with ``--peer-path``),
+  ``bench tile_rates`` (the tensor-core rate of the decode tile's two products by tile width)
 * ``workbench probe-qlen``      every query length on one decode backend vs the golden (``workbench.qlen``)
 * ``workbench results``         the committed H200 bars of both benchmarks (``workbench.bench.results``)
 
@@ -88,7 +89,7 @@ def _add_catalog(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-BENCHMARKS = ("expand", "decode")  # benchmarks/<name>.py of a source checkout: add_arguments(parser), main(args)
+BENCHMARKS = ("expand", "decode", "tile_rates")  # benchmarks/<name>.py of a source checkout: add_arguments(parser), main(args)
 
 
 def benchmarks_dir() -> Path:
@@ -118,7 +119,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="GPU benchmarks that write JSON with provenance (benchmarks/, need a GPU)",
                        description="Run benchmarks/<name>.py of this checkout: `workbench bench NAME --help` lists "
                                    "its options. Exit 0 every bar passed, 1 a bar missed, 2 bad usage or no GPU.")
-    p.add_argument("name", choices=BENCHMARKS, help="expand (block table -> indices) or decode (MLA decode)")
+    p.add_argument("name", choices=BENCHMARKS, help="expand (block table -> indices), decode (MLA decode) or "
+                   "tile_rates (the decode tile's products)")
     p.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
 
     def run(args: argparse.Namespace) -> int:

@@ -365,6 +365,29 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
                 wgmma_waits=waits, mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)))
 
 
+def tile_rate_kernel_report(product: str, width: int, dtype: str = "bf16") -> dict[str, Any]:
+    """Compile :mod:`workbench.mla.tile_rates`'s kernel for ``product`` (``qk`` or ``pv``) at ``width`` tokens for
+    Hopper and report ``regs``, ``spill_bytes``, ``shared``, ``wgmma`` (instructions), ``wgmma_shapes`` and
+    ``wgmma_waits`` (the ``wgmma.wait_group`` counts, in program order: the loop's, then the last one's)."""
+    _check_dtype(dtype, ("bf16", "fp16"))
+    _require_compiled()
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from workbench.mla import tile_rates
+
+    tile_rates.check_product_args(product, width, 1, 1)
+    fn, ops = (tile_rates._qk_kernel, ("Q", "K")) if product == "qk" else (tile_rates._pv_kernel, ("P", "V"))
+    runtime = {ops[0]: f"*{dtype}", ops[1]: f"*{dtype}", "OUT": "*fp32", "iters": "i32"}
+    kernel = _compile(fn, runtime, dict(BN=width), {*ops, "OUT"}, HOPPER, dict(num_warps=tile_rates.NUM_WARPS),
+                      source=GluonASTSource)
+    ptx = kernel.asm["ptx"]
+    regs, spills = _ptxas_usage(ptx, f"tile_rate_{product}{width}")
+    return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+            "wgmma_shapes": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+            "wgmma_waits": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)]}
+
+
 def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:
     """(registers, spilled bytes) of ``ptx`` from the bundled ``ptxas -v``."""
     with tempfile.TemporaryDirectory() as tmp:

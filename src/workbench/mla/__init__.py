@@ -22,7 +22,8 @@ The modules, in the order chapter 3 introduces them (each has one job):
   :func:`mla_decode_torch` (the same in the input precision);
 * :mod:`~workbench.mla.triton_kernels`: the split-KV kernel and the merge of its splits;
 * :mod:`~workbench.mla.gluon`, :mod:`~workbench.mla.gluon_ws`, :mod:`~workbench.mla.gluon_swap`: the Hopper
-  kernels (imported only when launched);
+  kernels (imported only when launched); :mod:`~workbench.mla.tile_rates`: the tensor-core rate of their tile's
+  two products by tile width (a benchmark's kernels);
 * :mod:`~workbench.mla.policy`: :class:`TritonConfig`, the tuned tables, the split count;
 * :mod:`~workbench.mla.launch`: :func:`mla_decode_triton`, the host side of all of them;
 * :mod:`~workbench.mla.aiter`: :func:`mla_decode_aiter` (ROCm);

@@ -20,7 +20,8 @@ bf16 KV; compare it with each GPU's ridge point (peak FLOP/s over bandwidth). On
   prediction of its two Eagle3 columns (:func:`predict_published`); the published serial-expansion cost;
 * :mod:`~workbench.perfmodel.measured`: readers of the committed benchmark JSON (:func:`load_measurement`),
   the expansion beside the decode it feeds (:func:`expansion_cost_per_step`), and the measured padding
-  overhead beside the model (:func:`measured_padding_overhead`).
+  overhead beside the model (:func:`measured_padding_overhead`), the least time a schedule on tiles of a given
+  width can take, from the measured rates of its two products (:func:`tile_schedule_floor_us`).
 
 Times are in milliseconds unless a name says otherwise (``_s``, ``_us``); throughput is output tokens
 per second per GPU, as in the published table. Pure Python and numpy: nothing here imports Triton or a
@@ -34,6 +35,7 @@ from workbench.perfmodel.acceptance import (
 )
 from workbench.perfmodel.measured import (
     DATA_DIR, MeasurementFile, expansion_cost_per_step, load_measurement, measured_padding_overhead,
+    tile_schedule_floor_us,
 )
 from workbench.perfmodel.published import (
     BLOG_MI355X_KIMI, SERIAL_EXPAND_MI355X, Prediction, PredictionRow, PublishedTable, predict_published,
@@ -63,5 +65,5 @@ __all__ = [
     "load_measurement", "lookup_hardware", "measured_padding_overhead", "mla_decode_bytes", "mla_decode_flops",
     "mla_decode_intensity", "mla_decode_roofline", "no_spec_step_ms", "padding_cost_rows", "power_of_two_cost",
     "predict_published", "roofline_time_s", "serial_expansion_published", "spec_step", "throughput_per_gpu",
-    "verify_cost_trend",
+    "tile_schedule_floor_us", "verify_cost_trend",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.perfmodel.published import SERIAL_EXPAND_MI355X
-from workbench.perfmodel.roofline import QK_HEAD_DIM, Hardware, padding_cost_rows
+from workbench.perfmodel.roofline import KV_LORA_RANK, QK_HEAD_DIM, Hardware, padding_cost_rows
 from workbench.pow2 import next_pow2
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # src/workbench/data
@@ -36,7 +36,7 @@ class MeasurementFile:
         return self.payload is not None
 
 
-_REQUIRED_KEYS = {"expand": ("cases",), "decode": ("results",)}
+_REQUIRED_KEYS = {"expand": ("cases",), "decode": ("results",), "tile_rates": ("rates",)}
 
 
 def _read_result(path: Path, name: str) -> dict[str, Any]:
@@ -164,3 +164,33 @@ def measured_padding_overhead(path: str | Path | None = None) -> tuple[list[dict
     where = ", ".join(str(prov[k]) for k in ("device", "date_utc") if k in prov) or "no provenance recorded"
     note = f"{p.name} ({where}): {len(rows)} measured (qlen, next power of two) pairs"
     return rows, note
+
+
+_ROW_BLOCK = 64  # folded rows per wgmma warpgroup: a decode program's row block
+
+
+def tile_schedule_floor_us(rates: list[dict[str, Any]], *, heads: int, qlen: int, batch: int, context: int,
+                           width: int) -> dict[str, float]:
+    """The least time an MLA decode on tiles of ``width`` tokens can take at a point, from measured product
+    rates (``rates``: the ``rates`` rows of ``bench_tile_rates_<device>.json``, written by
+    ``benchmarks/tile_rates.py``).
+
+    Every program computes whole blocks of 64 folded rows, so the FLOPs are counted on ``heads x qlen`` rounded up
+    to 64 rows: ``S`` (576 deep) and ``P V`` (512 output columns) over ``batch x context`` keys. Each product runs
+    at the rate its tile shape reached with the tensor cores kept busy on every SM; the floor is the sum of the
+    two times, as if nothing else (loads, softmax, waits) took any. Returns ``{"qk_us", "pv_us", "floor_us"}``.
+    """
+    for name, value in (("heads", heads), ("qlen", qlen), ("batch", batch), ("context", context)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    by = {(r.get("product"), r.get("width")): r.get("tflops") for r in rates}
+    rows = -(-heads * qlen // _ROW_BLOCK) * _ROW_BLOCK
+    out = {}
+    for product, depth in (("qk", QK_HEAD_DIM), ("pv", KV_LORA_RANK)):
+        tflops = by.get((product, width))
+        if not tflops or tflops <= 0:
+            widths = sorted(w for p_, w in by if p_ == product)
+            raise ValueError(f"width={width!r}: no measured {product} rate (widths with one: {widths})")
+        out[f"{product}_us"] = 2.0 * batch * rows * context * depth / (tflops * 1e12) * 1e6
+    out["floor_us"] = out["qk_us"] + out["pv_us"]
+    return out
