@@ -351,8 +351,9 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     :func:`_compile_gluon` reports (``wgmma`` per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps
     of 16, 2 for each of its P V sites; ``regs`` at the launch's ``maxnreg``: the partitions raise or lower it with
     setmaxnreg), plus ``partition_barriers`` (the named barriers of 128 threads the partitions synchronise on),
-    ``wgmma_waits`` (``wgmma.wait_group`` instructions by their count of groups left in flight) and
-    ``mbarrier_waits`` (``try_wait``s)."""
+    ``handover_barriers`` (the ids of the 256-thread named barriers between the consumer warpgroups, by
+    ``arrive`` and ``sync``), ``wgmma_waits`` (``wgmma.wait_group`` instructions by their count of groups left in
+    flight) and ``mbarrier_waits`` (``try_wait``s)."""
     from workbench.mla import gluon_ws
 
     _, ptx, report = _compile_gluon(gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
@@ -361,7 +362,9 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     waits: dict[int, int] = {}
     for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
         waits[int(n)] = waits.get(int(n), 0) + 1
+    handover = {op: sorted({int(i) for i in re.findall(rf"bar\.{op}\s+(\d+),\s*256;", ptx)}) for op in ("arrive", "sync")}
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
+                handover_barriers=handover,
                 wgmma_waits=waits, mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)))
 
 

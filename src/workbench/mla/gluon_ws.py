@@ -10,10 +10,20 @@ softmax runs while the other one's products keep the tensor cores busy. A third 
 gathers the cache rows with ``cp.async`` into four buffers, signalled by mbarriers.
 
 The hand-over schedule (:func:`_consumer`) shortens what must pass between the warpgroups in tile order to the
-running row max: each warpgroup publishes ``m_t`` (mbarrier ``M_READY``) as soon as it has ``S_t``'s row maxima,
-then its ``P_t``, and keeps its own share of the running sum, rescaled by every tile's factor; the shares are
-added after the last tile. Waiting for the other warpgroup's whole softmax per link of the chain (publishing ``P``
-and the sum together) left the consumers idle about a fifth of their time in an Nsight Compute profile.
+running row max: each warpgroup publishes ``m_t`` as soon as it has ``S_t``'s row maxima, then its ``P_t``, and
+keeps its own share of the running sum, rescaled by every tile's factor; the shares are added after the last tile.
+Waiting for the other warpgroup's whole softmax per link of the chain (publishing ``P`` and the sum together) left
+the consumers idle about a fifth of their time in an Nsight Compute profile.
+
+The hand-overs between the two consumer warpgroups are hardware named barriers of 256 threads, as FlashMLA's are:
+the publishing warpgroup's threads arrive without waiting (``bar.arrive``) right after their shared-memory
+stores, the other warpgroup waits (``bar.sync``). An mbarrier hand-over costs the publisher a barrier of its own
+128 threads before one arrival, and the receiver a polling wait; named barriers make the 64-row decode 5-8 %
+faster with two row blocks. Gluon has no named-barrier operation, so they are one PTX instruction each
+(:func:`_bar_arrive`, :func:`_bar_sync`), on ids above the compiler's (it uses 0-3 for its partition barriers).
+Every arrival has its wait: a named barrier counts arrivals, so a second arrival before the wait would complete
+the barrier without it. Each hand-over alternates by construction: a warpgroup publishes its next max only after
+it has used the other's, its next ``P`` only after the other's product with the last one (``_BAR_F``).
 
 Each warpgroup stages its half of the output or partial in its half of the latent tile buffers and stores it
 row-major in 16-byte vectors. NVIDIA sm_90, 16-bit. Partials have the format of :mod:`workbench.mla.gluon`'s.
@@ -42,6 +52,25 @@ LOADER_WARPS = gl.constexpr(4)  # the loader's warpgroup is allocated whole anyw
 
 _D_LATENT = gl.constexpr(512)  # MLA's latent width (also V's)
 _D_ROPE = gl.constexpr(64)
+# named barriers of the two consumer warpgroups (256 threads; ids above the compiler's partition barriers, 0-3)
+_BAR_M = gl.constexpr(8)  # 8 + w: warpgroup w's running max is out
+_BAR_P = gl.constexpr(10)  # 10 + w: warpgroup w's P is out
+_BAR_F = gl.constexpr(12)  # 12 + w: the other warpgroup's product with warpgroup w's last P has completed
+
+
+@gluon.jit
+def _bar_arrive(bar_id: gl.constexpr):
+    """This thread's arrival on named barrier ``bar_id`` (count 256: one warpgroup arrives, the other waits), without
+    waiting: what this thread wrote to shared memory before is visible to the waiting warpgroup once it passes."""
+    gl.inline_asm_elementwise("bar.arrive $1, 256; mov.u32 $0, 0;", "=r,n", [gl.to_tensor(bar_id)], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _bar_sync(bar_id: gl.constexpr):
+    """Wait on named barrier ``bar_id`` until the other warpgroup's 128 threads have arrived (count 256)."""
+    gl.inline_asm_elementwise("bar.sync $1, 256; mov.u32 $0, 0;", "=r,n", [gl.to_tensor(bar_id)], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -57,12 +86,13 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     """Warpgroup ``W``'s part of the hand-over schedule.
 
     What must pass from one warpgroup to the other in tile order is only the running row maximum. Each warpgroup
-    therefore publishes ``m_t`` (``M_READY``) as soon as it has ``S_t``'s row maxima and ``m_{t-1}``, before its
-    exponentials, and ``P_t`` (``P_READY``) after them. Each keeps its own share ``l_W`` of the running sum (its
-    tiles' row sums, rescaled by every tile's factor ``exp2(m_{t-1} - m_t)``, which both warpgroups compute from
-    the published maxima); the two shares are added once, after the last tile. A ``P`` slot is overwritten only
-    after the other warpgroup's product with it has completed (``P_FREE``)."""
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
+    therefore publishes ``m_t`` (named barrier ``_BAR_M + W``) as soon as it has ``S_t``'s row maxima and
+    ``m_{t-1}``, before its exponentials, and ``P_t`` (``_BAR_P + W``) after them. Each keeps its own share
+    ``l_W`` of the running sum (its tiles' row sums, rescaled by every tile's factor ``exp2(m_{t-1} - m_t)``, which
+    both warpgroups compute from the published maxima); the two shares are added once, after the last tile. A
+    ``P`` slot is overwritten only after the other warpgroup's product with it has completed (``_BAR_F + W``,
+    arrived on only where another ``P`` will follow, so that every arrival has its wait)."""
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, FULL, EMPTY, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
      kv_start, stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
@@ -94,9 +124,9 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
         if n_tiles > 0:  # tile 0: no tile of the other warpgroup before it
             s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, 0, NBUF, s_zero, k_lo + s_cols, k_hi,
                                limit, qk_scale)
-            m_new = _hand_over_max(s, m_run, MY_M, M_READY, W)
+            m_new = _hand_over_max(s, m_run, MY_M, W)
             p16, alpha, l_w = _probabilities(s, m_run, m_new, l_w, dtype)
-            _publish_p(P_S, P_READY, W, p16)
+            _publish_p(P_S, W, p16)
             acc = _own_product(p16, alpha, V_MY, 0, acc, EMPTY, P_L, ROW_O)
             m_run = m_new
     for t in range(2 - W, n_tiles, 2):  # this warpgroup's later tiles: each follows the other's tile t-1
@@ -105,27 +135,28 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
         s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, t, NBUF, s_zero, k_lo + t * BN + s_cols,
                            k_hi, limit, qk_scale)
         # the other warpgroup's tile u: its max, then this tile's max goes out at once
-        mbarrier.wait(M_READY.index(1 - W), (u // 2) & 1)
+        _bar_sync(_BAR_M + 1 - W)
         m_u = OT_M.load(ROW_S)
-        m_new = _hand_over_max(s, m_u, MY_M, M_READY, W)
-        acc_tok, l_w = _other_product(P_S, P_READY, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
+        m_new = _hand_over_max(s, m_u, MY_M, W)
+        acc_tok, l_w = _other_product(P_S, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
         # this tile's probabilities, published once the other's product with this slot's last P has completed
         p16, alpha, l_w = _probabilities(s, m_u, m_new, l_w, dtype)
         if t - W >= 2:
-            mbarrier.wait(P_FREE.index(W), ((t - W - 2) // 2) & 1)
-        _publish_p(P_S, P_READY, W, p16)
+            _bar_sync(_BAR_F + W)
+        _publish_p(P_S, W, p16)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
         _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF and the other's P slot
         mbarrier.arrive(EMPTY.index(u % NBUF))
-        mbarrier.arrive(P_FREE.index(1 - W))
+        if u + 2 < n_tiles:  # the other warpgroup publishes another P into that slot
+            _bar_arrive(_BAR_F + 1 - W)
         acc = _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L, ROW_O)
         m_run = m_new
     # the last tile, when it is the other warpgroup's
     u = n_tiles - 1
     if (u >= 0) & (u % 2 != W):
-        mbarrier.wait(M_READY.index(1 - W), (u // 2) & 1)
+        _bar_sync(_BAR_M + 1 - W)
         m_u = OT_M.load(ROW_S)
-        acc_tok, l_w = _other_product(P_S, P_READY, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
+        acc_tok, l_w = _other_product(P_S, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
         m_run = m_u
 
@@ -157,14 +188,14 @@ def _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L: gl.constexpr, ROW_O: gl
 
 
 @gluon.jit
-def _other_product(P_S, P_READY, V_MY, W: gl.constexpr, u, NBUF: gl.constexpr, m_run, m_u, acc, l_w,
+def _other_product(P_S, V_MY, W: gl.constexpr, u, NBUF: gl.constexpr, m_run, m_u, acc, l_w,
                    ROW_O: gl.constexpr):
     """The hand-over schedule's step for the other warpgroup's tile ``u``, whose running max ``m_u`` has arrived:
     this warpgroup's share of the sum takes the tile's factor ``exp2(m_run - m_u)``, and once its ``P`` is
     published, ``O = O * factor + P_u V_u`` is issued (P from the other's slot). Returns ``(acc_tok, l_w)``."""
     alpha_u = gl.exp2(m_run - _finite(m_u))
     l_w = l_w * alpha_u
-    mbarrier.wait(P_READY.index(1 - W), (u // 2) & 1)
+    _bar_sync(_BAR_P + 1 - W)
     fence_async_shared()
     acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF), acc * gl.convert_layout(alpha_u, ROW_O)[:, None],
                             is_async=True)
@@ -191,13 +222,12 @@ def _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, t, NBUF: gl.con
 
 
 @gluon.jit
-def _hand_over_max(s, m_prev, MY_M, M_READY, W: gl.constexpr):
+def _hand_over_max(s, m_prev, MY_M, W: gl.constexpr):
     """The running max after this tile, ``max(m_prev, rowmax(s))``, stored to this warpgroup's slot and signalled
-    to the other warpgroup (every thread's store done first: the partition's barrier, then one arrival)."""
+    to the other warpgroup (each thread arrives on the named barrier after its own stores)."""
     m_new = gl.maximum(m_prev, gl.max(s, axis=1))
     MY_M.store(m_new)
-    _cta_barrier()
-    mbarrier.arrive(M_READY.index(W))
+    _bar_arrive(_BAR_M + W)
     return m_new
 
 
@@ -212,12 +242,11 @@ def _probabilities(s, m_prev, m_new, l_w, dtype: gl.constexpr):
 
 
 @gluon.jit
-def _publish_p(P_S, P_READY, W: gl.constexpr, p16):
+def _publish_p(P_S, W: gl.constexpr, p16):
     """Store a tile's ``P`` to slot ``W`` for the other warpgroup's product (read by wgmma: async proxy), signal."""
     P_S.index(W).store(p16)
     fence_async_shared()
-    _cta_barrier()
-    mbarrier.arrive(P_READY.index(W))
+    _bar_arrive(_BAR_P + W)
 
 
 @gluon.jit
@@ -258,7 +287,7 @@ def _load_tiles(a, AHEAD: gl.constexpr):
     """The loader's loop. ``AHEAD``: the indices of tile t+1 are loaded right after tile t's copies are issued, so
     their latency overlaps the wait for the next free buffer instead of following it (the launch policy says where
     that pays: :mod:`workbench.mla.policy`)."""
-    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, FULL, EMPTY, P_READY, P_FREE, M_READY, DONE,
+    (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, FULL, EMPTY, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
      kv_start, stride_kv, num_heads) = a
     D_LATENT: gl.constexpr = _D_LATENT
@@ -330,9 +359,6 @@ def mla_decode_gluon_ws_kernel(
         l1 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
         full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        m_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(done.index(0), count=2)  # both warpgroups, after their last tile
@@ -340,10 +366,6 @@ def mla_decode_gluon_ws_kernel(
         for i in gl.static_range(NBUF):
             mbarrier.init(full.index(i), count=LOADER_WARPS * 32)  # one arrival per loader lane, when its copies land
             mbarrier.init(empty.index(i), count=2)  # both warpgroups
-        for i in gl.static_range(2):
-            mbarrier.init(p_ready.index(i), count=1)
-            mbarrier.init(p_free.index(i), count=1)  # the other warpgroup's product with P slot i completed
-            mbarrier.init(m_ready.index(i), count=1)  # the running max after a tile of warpgroup i
 
         # the query tile, copied by the default partition and waited for before the partitions start
         G4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -362,7 +384,7 @@ def mla_decode_gluon_ws_kernel(
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, full, empty, p_ready, p_free, m_ready, done,
+        args = (q_l0, q_l1, q_rope, k_l0, k_l1, k_rope, p_s, m0, m1, l0, l1, full, empty, done,
                 q_bar, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale,
                 out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         # (constexprs do not pass into the partitions: one function per case)
