@@ -59,10 +59,7 @@ def _qk_kernel(Q, K, OUT, iters, BN: gl.constexpr):
         s = warpgroup_mma_wait(num_outstanding=3, deps=(tok_b, ))
         tok_b = tok_a
     s = warpgroup_mma_wait(num_outstanding=0, deps=(tok_b, ))
-    if gl.program_id(0) == 0:
-        rows = gl.arange(0, BM, layout=gl.SliceLayout(1, S_L))
-        cols = gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
-        gl.store(OUT + rows[:, None] * BN + cols[None, :], s)
+    _store_once(OUT, s, BM, BN, S_L)
 
 
 @gluon.jit
@@ -94,10 +91,17 @@ def _pv_kernel(P, V, OUT, iters, BN: gl.constexpr):
         tok = warpgroup_mma(p, v_s, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(tok, ))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    _store_once(OUT, acc, BM, HALF, O_L)
+
+
+@gluon.jit
+def _store_once(OUT, x, ROWS: gl.constexpr, COLS: gl.constexpr, L: gl.constexpr):
+    """Program 0 stores ``x`` (``ROWS`` x ``COLS`` fp32, in layout ``L``) row-major: every program computes the
+    same product."""
     if gl.program_id(0) == 0:
-        rows = gl.arange(0, BM, layout=gl.SliceLayout(1, O_L))
-        cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, O_L))
-        gl.store(OUT + rows[:, None] * HALF + cols[None, :], acc)
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, L))
+        cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, L))
+        gl.store(OUT + rows[:, None] * COLS + cols[None, :], x)
 
 
 @gluon.jit
