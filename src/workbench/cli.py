@@ -89,7 +89,8 @@ def _add_catalog(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-BENCHMARKS = ("expand", "decode", "tile_rates")  # benchmarks/<name>.py of a source checkout: add_arguments(parser), main(args)
+# benchmarks/<name>.py of a source checkout: add_arguments(parser), main(args)
+BENCHMARKS = ("expand", "decode", "tile_rates")
 
 
 def benchmarks_dir() -> Path:

@@ -362,7 +362,8 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     waits: dict[int, int] = {}
     for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
         waits[int(n)] = waits.get(int(n), 0) + 1
-    handover = {op: sorted({int(i) for i in re.findall(rf"bar\.{op}\s+(\d+),\s*256;", ptx)}) for op in ("arrive", "sync")}
+    handover = {op: sorted({int(i) for i in re.findall(rf"bar\.{op}\s+(\d+),\s*256;", ptx)})
+                for op in ("arrive", "sync")}
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
                 handover_barriers=handover,
                 wgmma_waits=waits, mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)))
