@@ -329,15 +329,7 @@ def evaluate_bars(rows: list[dict[str, Any]], ceilings: dict[str, Any]) -> list[
 def ceilings() -> dict[str, Any]:
     """The copy bandwidth and the bf16 matrix-product rate, measured here (the matmul first: it takes the clocks
     out of idle, which an idle-first copy would report as the ceiling)."""
-    dev = common.require_gpu()
-    n = 8192
-    a, b = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
-    us = common.time_cuda_graph(lambda: torch.matmul(a, b, out=c), graph_reps=5, repeats=10)
-    matmul = {"n": n, "time_us": us, "tflops": 2 * n**3 / (us * 1e-6) / 1e12}
-    del a, b, c
-    torch.cuda.empty_cache()
-    return {"matmul_bf16": matmul, "copy": common.copy_bandwidth()}
+    return {"matmul_bf16": common.matmul_rate(), "copy": common.copy_bandwidth()}
 
 
 def make_cache(points: list[Point], dev: torch.device, seed: int = 0, dtype: torch.dtype = torch.bfloat16,

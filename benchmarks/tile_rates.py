@@ -36,14 +36,6 @@ def check(product: str, width: int, dev: torch.device, iters: int = 3) -> float:
     return err
 
 
-def matmul_tflops(dev: torch.device, n: int = 8192) -> dict[str, float]:
-    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
-    us = common.time_cuda_graph(lambda: torch.matmul(a, b, out=c), graph_reps=5, repeats=10)
-    return {"n": n, "time_us": us, "tflops": 2 * n**3 / (us * 1e-6) / 1e12}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=4096, help="repeats of the product inside one launch")
     parser.add_argument("--repeats", type=int, default=15, help="timed launches per kernel (the median is kept)")
@@ -57,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     programs = torch.cuda.get_device_properties(dev).multi_processor_count
     tr.check_product_args("qk", 32, args.iters, programs)
     t0 = time.time()
-    matmul = matmul_tflops(dev)
+    matmul = common.matmul_rate()
     rows = []
     for product in tr.PRODUCTS:
         for width in tr.TILE_WIDTHS:

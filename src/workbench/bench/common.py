@@ -23,7 +23,7 @@ import torch
 
 from workbench import jsonio
 
-__all__ = ["copy_bandwidth", "kernel_device_us", "provenance", "require_gpu", "time_cuda_graph", "time_eager",
+__all__ = ["copy_bandwidth", "kernel_device_us", "matmul_rate", "provenance", "require_gpu", "time_cuda_graph", "time_eager",
            "write_json"]
 
 
@@ -118,6 +118,18 @@ def time_eager(fn: Callable[[], Any], *, reps: int = 20, repeats: int = 15, warm
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / reps)
     return statistics.median(times)
+
+
+def matmul_rate(n: int = 8192) -> dict[str, float]:
+    """The bf16 matrix-product rate of an ``n``^3 ``torch.matmul`` under CUDA-graph replay, the device's compute
+    ceiling for the benchmarks: ``{"n", "time_us", "tflops"}``."""
+    dev = require_gpu()
+    a, b = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    us = time_cuda_graph(lambda: torch.matmul(a, b, out=c), graph_reps=5, repeats=10)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {"n": n, "time_us": us, "tflops": 2 * n**3 / (us * 1e-6) / 1e12}
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> dict[str, Any]:
