@@ -84,6 +84,16 @@ _GLOBAL_READ = re.compile(r"\b(?:ld\.global|cp\.async\.(?:ca|cg)|cp\.async\.bulk
 _GLOBAL_WRITE = re.compile(r"\b(?:st\.global|red\.global|atom\.global)")
 
 
+def _wgmma_shapes(ptx: str) -> list[str]:
+    """The distinct ``wgmma.mma_async`` instruction shapes of a PTX (``m64n32k16`` ...)."""
+    return sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
+
+
+def _wgmma_waits(ptx: str) -> list[int]:
+    """The ``wgmma.wait_group`` counts of a PTX in program order (the groups each wait leaves in flight)."""
+    return [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)]
+
+
 def _async_waits(ptx: str) -> list[int]:
     """The distinct ``cp.async.wait_group`` counts of a PTX (the copy groups each wait leaves in flight)."""
     return sorted({int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)})
@@ -341,7 +351,7 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
     _, ptx, report = _compile_gluon(gluon_swap.mla_decode_gluon_swap_kernel, dtype, direct,
                                     dict(NUM_HEADS=heads, PDL=pdl, BR=block_m), dict(num_warps=gluon_swap.NUM_WARPS),
                                     "gluon_swap")
-    return dict(report, wgmma_shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+    return dict(report, wgmma_shapes=_wgmma_shapes(ptx),
                 ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)))
 
 
@@ -360,8 +370,8 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
                                     dict(NUM_HEADS=heads, PDL=True, IDX_AHEAD=idx_ahead),
                                     dict(num_warps=gluon_ws.NUM_WARPS, maxnreg=gluon_ws.MAX_REGS), "gluon_ws")
     waits: dict[int, int] = {}
-    for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
-        waits[int(n)] = waits.get(int(n), 0) + 1
+    for n in _wgmma_waits(ptx):
+        waits[n] = waits.get(n, 0) + 1
     handover = {op: sorted({int(i) for i in re.findall(rf"bar\.{op}\s+(\d+),\s*256;", ptx)})
                 for op in ("arrive", "sync")}
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
@@ -388,8 +398,7 @@ def tile_rate_kernel_report(product: str, width: int, dtype: str = "bf16") -> di
     regs, spills = _ptxas_usage(ptx, f"tile_rate_{product}{width}")
     return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
-            "wgmma_shapes": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-            "wgmma_waits": [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)]}
+            "wgmma_shapes": _wgmma_shapes(ptx), "wgmma_waits": _wgmma_waits(ptx)}
 
 
 def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:

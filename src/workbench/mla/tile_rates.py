@@ -22,14 +22,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from workbench.mla.gluon import _cta_barrier
+from workbench.mla.inputs import KV_LORA_RANK, QK_HEAD_DIM
 
 __all__ = ["BLOCK_M", "PRODUCTS", "TILE_WIDTHS", "check_product_args", "product_flops", "reference_product",
            "run_product"]
 
 BLOCK_M = 128  # rows per program: two warpgroups of 64
 NUM_WARPS = 8
-D_K = 576  # MLA's q k^T depth (512 latent + 64 rope)
-D_V_HALF = 256  # one warpgroup's half of the 512 output columns
+D_K = QK_HEAD_DIM  # MLA's q k^T depth (512 latent + 64 rope)
+D_V_HALF = KV_LORA_RANK // 2  # one warpgroup's half of the 512 output columns
 TILE_WIDTHS = (32, 64)  # tokens per tile: the warp-specialised kernel's and FlashMLA's
 PRODUCTS = ("qk", "pv")  # S = q k^T (both operands in shared memory); O += P V (P from registers)
 
