@@ -363,7 +363,8 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     setmaxnreg), plus ``partition_barriers`` (the named barriers of 128 threads the partitions synchronise on),
     ``handover_barriers`` (the ids of the 256-thread named barriers between the consumer warpgroups, by
     ``arrive`` and ``sync``), ``wgmma_waits`` (``wgmma.wait_group`` instructions by their count of groups left in
-    flight) and ``mbarrier_waits`` (``try_wait``s)."""
+    flight), ``mbarrier_waits`` (``try_wait``s) and ``pv_wgmma`` (the ``m64n256k16`` products: ``total``, and
+    ``a_registers``, those that take ``P`` from registers rather than shared memory)."""
     from workbench.mla import gluon_ws
 
     _, ptx, report = _compile_gluon(gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
@@ -372,11 +373,14 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     waits: dict[int, int] = {}
     for n in _wgmma_waits(ptx):
         waits[n] = waits.get(n, 0) + 1
+    # what follows a P V product's accumulator braces: "{" for A in registers, a descriptor for A in shared memory
+    pv = [m.split("}", 1)[1] for m in re.findall(r"wgmma\.mma_async\S*m64n256k16[^;]*;", ptx)]
     handover = {op: sorted({int(i) for i in re.findall(rf"bar\.{op}\s+(\d+),\s*256;", ptx)})
                 for op in ("arrive", "sync")}
     return dict(report, partition_barriers=sorted(set(re.findall(r"bar\.sync\s+\d+,\s*128", ptx))),
                 handover_barriers=handover,
-                wgmma_waits=waits, mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)))
+                wgmma_waits=waits, mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
+                pv_wgmma=dict(total=len(pv), a_registers=sum(re.match(r"\s*,\s*\{", x) is not None for x in pv)))
 
 
 def tile_rate_kernel_report(product: str, width: int, dtype: str = "bf16") -> dict[str, Any]:

@@ -12,6 +12,9 @@ gathers the cache rows with ``cp.async`` into four buffers, signalled by mbarrie
 The hand-over schedule (:func:`_consumer`) shortens what must pass between the warpgroups in tile order to the
 running row max: each warpgroup publishes ``m_t`` as soon as it has ``S_t``'s row maxima, then its ``P_t``, and
 keeps its own share of the running sum, rescaled by every tile's factor; the shares are added after the last tile.
+A warpgroup reads the other's ``P_u`` into registers and scales it to the max after its own next tile, so that one
+rescale of its accumulator (128 values a thread) serves both products of the pair instead of one each (FlashMLA
+scales ``P`` the same way); the ``P`` slot is free as soon as it is read.
 Waiting for the other warpgroup's whole softmax per link of the chain (publishing ``P`` and the sum together) left
 the consumers idle about a fifth of their time in an Nsight Compute profile.
 
@@ -23,7 +26,7 @@ faster with two row blocks. Gluon has no named-barrier operation, so they are on
 (:func:`_bar_arrive`, :func:`_bar_sync`), on ids above the compiler's (it uses 0-3 for its partition barriers).
 Every arrival has its wait: a named barrier counts arrivals, so a second arrival before the wait would complete
 the barrier without it. Each hand-over alternates by construction: a warpgroup publishes its next max only after
-it has used the other's, its next ``P`` only after the other's product with the last one (``_BAR_F``).
+it has used the other's, its next ``P`` only after the other has read the last one (``_BAR_F``).
 
 Each warpgroup stages its half of the output or partial in its half of the latent tile buffers and stores it
 row-major in 16-byte vectors. NVIDIA sm_90, 16-bit. Partials have the format of :mod:`workbench.mla.gluon`'s.
@@ -55,7 +58,7 @@ _D_ROPE = gl.constexpr(64)
 # named barriers of the two consumer warpgroups (256 threads; ids above the compiler's partition barriers, 0-3)
 _BAR_M = gl.constexpr(8)  # 8 + w: warpgroup w's running max is out
 _BAR_P = gl.constexpr(10)  # 10 + w: warpgroup w's P is out
-_BAR_F = gl.constexpr(12)  # 12 + w: the other warpgroup's product with warpgroup w's last P has completed
+_BAR_F = gl.constexpr(12)  # 12 + w: the other warpgroup has read warpgroup w's last P (its slot is free)
 
 
 @gluon.jit
@@ -90,7 +93,7 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     ``m_{t-1}``, before its exponentials, and ``P_t`` (``_BAR_P + W``) after them. Each keeps its own share
     ``l_W`` of the running sum (its tiles' row sums, rescaled by every tile's factor ``exp2(m_{t-1} - m_t)``, which
     both warpgroups compute from the published maxima); the two shares are added once, after the last tile. A
-    ``P`` slot is overwritten only after the other warpgroup's product with it has completed (``_BAR_F + W``,
+    ``P`` slot is overwritten only after the other warpgroup has read it into registers (``_BAR_F + W``,
     arrived on only where another ``P`` will follow, so that every arrival has its wait)."""
     (Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, P_S, M0, M1, L0, L1, FULL, EMPTY, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
@@ -125,9 +128,9 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
             s = _masked_scores(Q_L0, Q_L1, Q_ROPE, K_L0, K_L1, K_ROPE, FULL, 0, NBUF, s_zero, k_lo + s_cols, k_hi,
                                limit, qk_scale)
             m_new = _hand_over_max(s, m_run, MY_M, W)
-            p16, alpha, l_w = _probabilities(s, m_run, m_new, l_w, dtype)
+            p16, l_w = _probabilities(s, m_run, m_new, l_w, dtype)
             _publish_p(P_S, W, p16)
-            acc = _own_product(p16, alpha, V_MY, 0, acc, EMPTY, P_L, ROW_O)
+            acc = _own_product(p16, V_MY, 0, acc, EMPTY, P_L)
             m_run = m_new
     for t in range(2 - W, n_tiles, 2):  # this warpgroup's later tiles: each follows the other's tile t-1
         buf = t % NBUF
@@ -138,25 +141,25 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
         _bar_sync(_BAR_M + 1 - W)
         m_u = OT_M.load(ROW_S)
         m_new = _hand_over_max(s, m_u, MY_M, W)
-        acc_tok, l_w = _other_product(P_S, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
-        # this tile's probabilities, published once the other's product with this slot's last P has completed
-        p16, alpha, l_w = _probabilities(s, m_u, m_new, l_w, dtype)
+        acc_tok, l_w = _other_product(P_S, V_MY, W, u, NBUF, m_run, m_u, m_new, acc, l_w, S_L, P_L, ROW_O)
+        if u + 2 < n_tiles:  # the other's P is in registers: it may publish another P into that slot
+            _bar_arrive(_BAR_F + 1 - W)
+        # this tile's probabilities, published once the other has read this slot's last P
+        p16, l_w = _probabilities(s, m_u, m_new, l_w, dtype)
         if t - W >= 2:
             _bar_sync(_BAR_F + W)
         _publish_p(P_S, W, p16)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
-        _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF and the other's P slot
+        _cta_barrier()  # every warp of this warpgroup is done with buffer u % NBUF
         mbarrier.arrive(EMPTY.index(u % NBUF))
-        if u + 2 < n_tiles:  # the other warpgroup publishes another P into that slot
-            _bar_arrive(_BAR_F + 1 - W)
-        acc = _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L, ROW_O)
+        acc = _own_product(p16, V_MY, buf, acc, EMPTY, P_L)
         m_run = m_new
     # the last tile, when it is the other warpgroup's
     u = n_tiles - 1
     if (u >= 0) & (u % 2 != W):
         _bar_sync(_BAR_M + 1 - W)
         m_u = OT_M.load(ROW_S)
-        acc_tok, l_w = _other_product(P_S, V_MY, W, u, NBUF, m_run, m_u, acc, l_w, ROW_O)
+        acc_tok, l_w = _other_product(P_S, V_MY, W, u, NBUF, m_run, m_u, m_u, acc, l_w, S_L, P_L, ROW_O)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
         m_run = m_u
 
@@ -176,11 +179,11 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
 
 
 @gluon.jit
-def _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L: gl.constexpr, ROW_O: gl.constexpr):
-    """``O = O * alpha + P V`` for this warpgroup's own tile (P from registers, V its half of buffer ``buf``),
-    waited for; then the warpgroup releases the buffer (every warp done: the partition's barrier, one arrival)."""
-    acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf),
-                            acc * gl.convert_layout(alpha, ROW_O)[:, None], is_async=True)
+def _own_product(p16, V_MY, buf, acc, EMPTY, P_L: gl.constexpr):
+    """``O += P V`` for this warpgroup's own tile (P from registers, V its half of buffer ``buf``; the accumulator
+    is already at this tile's max, :func:`_other_product`), waited for; then the warpgroup releases the buffer
+    (every warp done: the partition's barrier, one arrival)."""
+    acc_tok = warpgroup_mma(gl.convert_layout(p16, P_L), V_MY.index(buf), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, ))
     _cta_barrier()
     mbarrier.arrive(EMPTY.index(buf))
@@ -188,17 +191,20 @@ def _own_product(p16, alpha, V_MY, buf, acc, EMPTY, P_L: gl.constexpr, ROW_O: gl
 
 
 @gluon.jit
-def _other_product(P_S, V_MY, W: gl.constexpr, u, NBUF: gl.constexpr, m_run, m_u, acc, l_w,
-                   ROW_O: gl.constexpr):
+def _other_product(P_S, V_MY, W: gl.constexpr, u, NBUF: gl.constexpr, m_run, m_u, m_new, acc, l_w,
+                   S_L: gl.constexpr, P_L: gl.constexpr, ROW_O: gl.constexpr):
     """The hand-over schedule's step for the other warpgroup's tile ``u``, whose running max ``m_u`` has arrived:
-    this warpgroup's share of the sum takes the tile's factor ``exp2(m_run - m_u)``, and once its ``P`` is
-    published, ``O = O * factor + P_u V_u`` is issued (P from the other's slot). Returns ``(acc_tok, l_w)``."""
-    alpha_u = gl.exp2(m_run - _finite(m_u))
-    l_w = l_w * alpha_u
+    this warpgroup's share of the sum takes the tile's factor ``exp2(m_run - m_u)``; once ``P_u`` is published it
+    is read into registers and scaled from ``m_u`` to ``m_new`` (the max after this warpgroup's own next tile, or
+    ``m_u`` when there is none), and ``O = O * exp2(m_run - m_new) + P_u V_u`` is issued. One rescale of the
+    accumulator (128 values a thread) thus serves both products of a tile pair, at the cost of scaling ``P_u``
+    (16 values a thread), as FlashMLA does. Returns ``(acc_tok, l_w)``."""
+    l_w = l_w * gl.exp2(m_run - _finite(m_u))
+    m_ref = _finite(m_new)
     _bar_sync(_BAR_P + 1 - W)
-    fence_async_shared()
-    acc_tok = warpgroup_mma(P_S.index(1 - W), V_MY.index(u % NBUF), acc * gl.convert_layout(alpha_u, ROW_O)[:, None],
-                            is_async=True)
+    p_u = P_S.index(1 - W).load(S_L).to(gl.float32) * gl.exp2(m_u - m_ref)[:, None]
+    acc_tok = warpgroup_mma(gl.convert_layout(p_u.to(P_S.dtype), P_L), V_MY.index(u % NBUF),
+                            acc * gl.convert_layout(gl.exp2(m_run - m_ref), ROW_O)[:, None], is_async=True)
     return acc_tok, l_w
 
 
@@ -233,19 +239,17 @@ def _hand_over_max(s, m_prev, MY_M, W: gl.constexpr):
 
 @gluon.jit
 def _probabilities(s, m_prev, m_new, l_w, dtype: gl.constexpr):
-    """This tile's ``P`` (in ``dtype``), its factor ``exp2(m_prev - m_new)`` for what was accumulated before, and
-    this warpgroup's share of the sum after it."""
+    """This tile's ``P`` (in ``dtype``) and this warpgroup's share of the sum after it (the share before rescaled by
+    ``exp2(m_prev - m_new)``)."""
     m_ref = _finite(m_new)
     p = gl.exp2(s - m_ref[:, None])
-    alpha = gl.exp2(m_prev - m_ref)
-    return p.to(dtype), alpha, l_w * alpha + gl.sum(p, axis=1)
+    return p.to(dtype), l_w * gl.exp2(m_prev - m_ref) + gl.sum(p, axis=1)
 
 
 @gluon.jit
 def _publish_p(P_S, W: gl.constexpr, p16):
-    """Store a tile's ``P`` to slot ``W`` for the other warpgroup's product (read by wgmma: async proxy), signal."""
+    """Store a tile's ``P`` to slot ``W`` for the other warpgroup's product (which reads it into registers), signal."""
     P_S.index(W).store(p16)
-    fence_async_shared()
     _bar_arrive(_BAR_P + W)
 
 
