@@ -23,8 +23,8 @@ import torch
 
 from workbench import jsonio
 
-__all__ = ["copy_bandwidth", "kernel_device_us", "matmul_rate", "provenance", "require_gpu", "time_cuda_graph", "time_eager",
-           "write_json"]
+__all__ = ["copy_bandwidth", "kernel_device_us", "matmul_rate", "provenance", "require_gpu", "time_cuda_graph",
+           "time_eager", "write_json"]
 
 
 def require_gpu() -> torch.device:

@@ -88,7 +88,7 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
             if b["verdict"] != "PASS" and r["heads"] * r["qlen"] <= 32:  # memory-bound: the stream is the measure
                 note += (f"; the workbench {r['kv_gb_s'] / 1000:.2f} TB/s of KV, FlashMLA "
                          f"{r['flashmla_kv_gb_s'] / 1000:.2f}, copy {copy / 1000:.2f} in the same run")
-            elif b["verdict"] != "PASS":  # compute-bound: the FLOP rate is
+            elif b["verdict"] != "PASS":  # compute-bound: the FLOP rate is the measure
                 note += (f"; the workbench {r['tflops']:.0f} TFLOP/s, FlashMLA {r['flashmla_tflops']:.0f}, the bf16 "
                          f"matmul {matmul:.0f} in the same run")
         elif kind == "scattered_ratio":
