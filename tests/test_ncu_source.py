@@ -64,7 +64,7 @@ def test_partitions_start_at_setmaxnreg_and_keep_their_registers(tmp_path):
     assert loader["registers"] == 40 and loader["share"] == pytest.approx(34 / 85)
     assert consumer["stalls"] == pytest.approx({"barrier": 22 / 50, "wait": 16 / 50, "long_sb": 12 / 50})
     assert consumer["top"][0] == dict(sass="WARPGROUP.DEPBAR.LE gsb0, 0x0", kind="wgmma wait", share=20 / 50,
-                                      executed=40)
+                                      executed=40, stall="barrier")
 
 
 def test_each_sample_is_put_to_what_the_warp_waits_on(tmp_path):
@@ -76,6 +76,20 @@ def test_each_sample_is_put_to_what_the_warp_waits_on(tmp_path):
                                                "named barrier": 2 / 50})
     assert ncu_source.instruction_kind("@!P0  BRA 0x10", ["TRYWAIT P1, [R1], R2"]) == "math and other"
     assert ncu_source.instruction_kind("LDSM.16.M88.4 R152, [R229+UR56+0x37000]") == "memory"
+
+
+def test_samples_without_a_reason_column_are_kept_as_unlisted(tmp_path):
+    """The source page lacks a column for some reasons (warpgroup arrive on Hopper): an instruction's samples
+    beyond its listed reasons are counted as ``unlisted``, so the reasons still add up to the samples."""
+    program = [("WARPGROUP.ARRIVE", 1, 40, 0, 1, 0),
+               ("HGMMA.64x32x16.F32.BF16 R152, gdesc[UR40], R152", 12, 40, 0, 2, 0)]
+    rows = ncu_source.read_source_csv(_csv(tmp_path, program))
+    assert rows[1]["stalls"] == {"long_sb": 0, "wait": 2, "barrier": 0, "unlisted": 10}
+    assert "unlisted" not in rows[0]["stalls"]
+    part = ncu_source.summarize(rows)["partitions"][0]
+    assert part["stalls"] == pytest.approx({"unlisted": 10 / 13, "wait": 3 / 13})
+    assert part["top"][0]["stall"] == "unlisted"
+    assert "wgmma issue     unlisted     HGMMA" in ncu_source.format_summary(ncu_source.summarize(rows))
 
 
 def test_a_kernel_without_setmaxnreg_is_one_partition(tmp_path):

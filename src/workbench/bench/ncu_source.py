@@ -34,7 +34,13 @@ def _count(text: str) -> int:
 def read_source_csv(path: str | Path) -> list[dict[str, Any]]:
     """The instructions of ``ncu --page source --csv --print-source sass``, in address order: ``sass`` (the
     instruction's text), ``samples`` (all warp-state samples at it), ``executed`` (warp-level executions) and
-    ``stalls`` (samples by reason, the ``stall_*`` columns without their "(Not Issued)" twins)."""
+    ``stalls`` (samples by reason, the ``stall_*`` columns without their "(Not Issued)" twins, plus ``unlisted``:
+    the instruction's samples that no column gives a reason for).
+
+    The source page has no column for every reason the sampler records. On the H200 reports of
+    ``benchmarks/results`` the unlisted samples sit on the first ``HGMMA`` after a ``WARPGROUP.ARRIVE``, and their
+    sum is the kernel's ``smsp__pcsamp_warps_issue_stalled_warpgroup_arrive`` (details page): warps of a
+    warpgroup waiting for the others at the start of a wgmma group."""
     rows = list(csv.reader(Path(path).read_text().splitlines()))
     try:
         at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
@@ -50,8 +56,11 @@ def read_source_csv(path: str | Path) -> list[dict[str, Any]]:
         if len(r) != len(head):
             continue
         d = dict(zip(head, r))
-        out.append(dict(sass=d["Source"].strip(), samples=_count(d[_SAMPLES]), executed=_count(d[_EXECUTED]),
-                        stalls={k[len("stall_"):]: _count(d[k]) for k in reasons}))
+        samples = _count(d[_SAMPLES])
+        stalls = {k[len("stall_"):]: _count(d[k]) for k in reasons}
+        if samples > sum(stalls.values()):
+            stalls["unlisted"] = samples - sum(stalls.values())
+        out.append(dict(sass=d["Source"].strip(), samples=samples, executed=_count(d[_EXECUTED]), stalls=stalls))
     if not out:
         raise ValueError(f"{path}: no instruction rows")
     return out
@@ -117,9 +126,16 @@ def summarize(instructions: list[dict[str, Any]], min_share: float = 0.05, top: 
             share=s / total,
             stalls={k: v / s for k, v in reasons.most_common() if v},
             kinds={k: v / s for k, v in kinds.most_common() if v},
-            top=[dict(sass=part[n]["sass"], kind=kind[n], share=part[n]["samples"] / s, executed=part[n]["executed"])
+            top=[dict(sass=part[n]["sass"], kind=kind[n], share=part[n]["samples"] / s, executed=part[n]["executed"],
+                      stall=_main_reason(part[n]["stalls"]))
                  for n in sorted(range(len(part)), key=lambda n: -part[n]["samples"])[:top]]))
     return out
+
+
+def _main_reason(stalls: dict[str, int]) -> str | None:
+    """The reason with the most samples at one instruction (None where it has none)."""
+    best = max(stalls.items(), key=lambda kv: kv[1], default=(None, 0))
+    return best[0] if best[1] else None
 
 
 def format_summary(summary: dict[str, Any], reasons: int = 8) -> str:
@@ -132,5 +148,6 @@ def format_summary(summary: dict[str, Any], reasons: int = 8) -> str:
         lines.append("  at: " + ", ".join(f"{k} {v:.0%}" for k, v in p["kinds"].items()))
         lines.append("  stalls: " + ", ".join(f"{k} {v:.0%}" for k, v in list(p["stalls"].items())[:reasons]))
         for t in p["top"]:
-            lines.append(f"  {t['share']:6.1%}  x{t['executed']:<8d} {t['kind']:15s} {t['sass'][:72]}")
+            lines.append(f"  {t['share']:6.1%}  x{t['executed']:<8d} {t['kind']:15s} {t['stall'] or '-':12s}"
+                         f" {t['sass'][:72]}")
     return "\n".join(lines)
