@@ -3,6 +3,7 @@ and expansion benchmarks: did a change make any default slower?
 
     git worktree add /tmp/base lab-2026-12          # (or git archive REV src/workbench | tar -x -C DIR)
     python benchmarks/compare.py --baseline /tmp/base/src [--repeats 11] [--tolerance 0.02] [--out F.json]
+                                 [--points 16x8:64:4k,128x1:16:4k]   (those decode points only, no expansion)
 
 The baseline's ``workbench`` package is copied to a temporary folder as ``workbench_baseline`` (its imports
 rewritten) so that both load side by side. Every point builds one set of inputs, and both revisions run their own
@@ -125,18 +126,22 @@ def compare_expand(base: Any, num_reqs: int, seq_len: int, repeats: int, toleran
     return _summary("expand", f"{num_reqs}x{seq_len}", times, tolerance, outputs_equal=same, config=repr(this_cfg))
 
 
-def run(baseline: str, repeats: int, tolerance: float, log=print) -> dict[str, Any]:
+def run(baseline: str, repeats: int, tolerance: float, points: list | None = None, log=print) -> dict[str, Any]:
+    """Both revisions at every expansion bar case and every decode point of the grid, or at ``points`` only
+    (decode points, :func:`decode.parse_point`'s; the expansion is then left out)."""
     common.require_gpu()
     base = load_baseline(baseline)
     rows = []
-    for num_reqs, seq_len in EXPAND_POINTS:
+    for num_reqs, seq_len in EXPAND_POINTS if points is None else ():
         rows.append(compare_expand(base, num_reqs, seq_len, repeats, tolerance))
         log(_line(rows[-1]))
-    cache = bench_decode.make_cache(bench_decode.POINTS, torch.device("cuda"))
-    for p in bench_decode.POINTS:
+    points = bench_decode.POINTS if points is None else points
+    cache = bench_decode.make_cache(points, torch.device("cuda"))
+    for p in points:
         rows.append(compare_decode(base, p, cache, repeats, tolerance))
         log(_line(rows[-1]))
     return dict(benchmark="compare_revisions", baseline=str(baseline), repeats=repeats, tolerance=tolerance,
+                points=[p.key for p in points],
                 provenance=common.provenance(), results=rows,
                 verdict="PASS" if all(r["verdict"] == "PASS" for r in rows) else "MISS")
 
@@ -153,10 +158,14 @@ def main() -> int:
                     help="mirrored repeats per point (median; default 11)")
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--out", default="compare_revisions.json")
+    ap.add_argument("--points", default=None,
+                    help="comma-separated decode points HEADSxQLEN:BATCH:CONTEXT (default: the whole grid and the "
+                         "expansion's cases)")
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats is {args.repeats}; it must be at least 1")
-    payload = run(args.baseline, args.repeats, args.tolerance)
+    points = [bench_decode.parse_point(p) for p in args.points.split(",")] if args.points else None
+    payload = run(args.baseline, args.repeats, args.tolerance, points)
     print(f"wrote {common.write_json(args.out, payload)}: {payload['verdict']}")
     return 0 if payload["verdict"] == "PASS" else 1
 
