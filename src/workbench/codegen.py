@@ -358,7 +358,7 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
 def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16",
                            idx_ahead: bool = True) -> dict[str, Any]:
     """Compile :mod:`workbench.mla.gluon_ws`'s warp-specialised split kernel for Hopper and report what
-    :func:`_compile_gluon` reports (``wgmma`` per warpgroup function: 36 for S over 256 + 256 + 64 values in k-steps
+    :func:`_compile_gluon` reports (``wgmma`` per warpgroup function: 36 for S over 512 + 64 values in k-steps
     of 16, 2 for each of its P V sites; ``regs`` at the launch's ``maxnreg``: the partitions raise or lower it with
     setmaxnreg), plus ``partition_barriers`` (the named barriers of 128 threads the partitions synchronise on),
     ``handover_barriers`` (the ids of the 256-thread named barriers between the consumer warpgroups, by
