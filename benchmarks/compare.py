@@ -164,7 +164,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats is {args.repeats}; it must be at least 1")
-    points = [bench_decode.parse_point(p) for p in args.points.split(",")] if args.points else None
+    try:
+        points = [bench_decode.parse_point(p) for p in args.points.split(",")] if args.points else None
+    except ValueError as exc:
+        ap.error(f"--points: {exc}")
     payload = run(args.baseline, args.repeats, args.tolerance, points)
     print(f"wrote {common.write_json(args.out, payload)}: {payload['verdict']}")
     return 0 if payload["verdict"] == "PASS" else 1

@@ -132,6 +132,17 @@ def test_another_revision_loads_side_by_side(tmp_path):
         compare.load_baseline(str(tmp_path))
 
 
+def test_comparison_refuses_a_malformed_point_before_the_gpu(monkeypatch, capsys):
+    """compare.py --points names the option and the point's form, before it loads the baseline or needs a GPU."""
+    monkeypatch.setattr(compare, "run", lambda *a, **k: pytest.fail("ran with a malformed point"))
+    monkeypatch.setattr(sys, "argv", ["compare.py", "--baseline", str(ROOT / "src"), "--points", "16x8:64:4k,16x8"])
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--points" in err and "'16x8' is not HEADSxQLEN:BATCH:CONTEXT" in err
+
+
 def test_profile_tool_checks_its_arguments_before_the_gpu(monkeypatch, tmp_path):
     """The profiling helper refuses a malformed point, and a peer folder without FlashMLA, before it allocates."""
     monkeypatch.setattr(sys, "argv", ["profile_decode.py", "16x8:64"])
