@@ -443,6 +443,15 @@ def test_bad_input_gets_a_clear_error(name):
         mla.mla_decode(bad["q"], bad["kv_cache"], md, backend="triton")
 
 
+@pytest.mark.parametrize("sm_scale", [0.0, -0.07, float("nan"), float("inf")])
+def test_a_scale_that_is_not_finite_and_positive_is_refused(sm_scale):
+    """The kernels take the row max of the unscaled scores and scale it (``max(s) * scale``), which is the max of
+    the scaled scores only for a positive scale: any other is refused before a launch."""
+    case = make_case([2, 2], [2, 7], 2, dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match="sm_scale is .*; it must be finite and positive"):
+        mla.mla_decode(case["q"], case["kv_cache"], metadata_of(case), sm_scale=sm_scale, backend="triton")
+
+
 def test_zero_length_kv_with_a_query_raises():
     """A request with query tokens and no KV has no defined output -> ValueError (never NaN or zeros)."""
     case = make_case([1, 1], [3, 1], 2)

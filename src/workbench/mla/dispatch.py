@@ -66,7 +66,8 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, metadata: DecodeMetadata
         kv_cache: ``[num_rows, 576]`` or the page_size-1 view ``[num_rows, 1, 1, 576]``, q's dtype.
         metadata: :class:`workbench.expand.DecodeMetadata` (``qo_indptr``, ``kv_indptr``, ``kv_indices``,
             ``kv_last_page_lens``, ``max_qo_len``).
-        sm_scale: softmax scale; ``None`` = ``1/sqrt(576)`` (aiter's default; DeepSeek's models use another).
+        sm_scale: softmax scale, finite and positive; ``None`` = ``1/sqrt(576)`` (aiter's default; DeepSeek's
+            models use another).
         backend: ``"triton"`` (this project's kernel: any query lengths 1..16, any head count),
             ``"torch"`` (fp32 golden, :func:`mla_decode_ref`), ``"aiter"`` (ROCm only: uniform query
             lengths, 16 or 128 heads), or ``"auto"`` (:func:`choose_backend`).

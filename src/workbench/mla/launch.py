@@ -8,6 +8,7 @@ merge waits for the whole split grid, then lets the next kernel launch.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -82,8 +83,9 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
 
     Inputs as :func:`workbench.mla.mla_decode_ref` (``q`` ``(total_q, H, 576)`` fp16/bf16/fp32, same dtype as the
     cache; ``kv_cache`` ``[num_rows, 576]`` with any row stride, or ``[num_rows, 1, 1, 576]``); ``max_qo_len`` is at
-    least the longest query (host int, <= 16); requests may differ in query length. ``out``: ``(total_q, H, 512)``
-    contiguous in q's dtype. ``config`` and ``num_splits`` override the launch plan (:func:`triton_launch_plan`).
+    least the longest query (host int, <= 16); requests may differ in query length; ``sm_scale`` is finite and
+    positive. ``out``: ``(total_q, H, 512)`` contiguous in q's dtype. ``config`` and ``num_splits`` override the
+    launch plan (:func:`triton_launch_plan`).
 
     What the kernels assume of the tensors (shapes, dtypes, devices, contiguity of q, the offsets and the indices)
     is checked on every call. The values (offsets from 0 and non-decreasing, ``qo_indptr[-1] == total_q``,
@@ -96,6 +98,10 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
     """
     cache = flat_cache(kv_cache)
     check_kernel_args(q, cache, qo_indptr, kv_indptr, kv_indices, max_qo_len, out)
+    scale = default_sm_scale() if sm_scale is None else float(sm_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"sm_scale is {sm_scale}; it must be finite and positive (the kernels take the row max of "
+                         "the unscaled scores and scale it)")
     total_q, heads, _ = q.shape
     num_reqs = qo_indptr.numel() - 1
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -112,7 +118,6 @@ def mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.
         return out, lse
     cfg, splits = triton_launch_plan(q, qo_indptr, kv_indices, max_qo_len, config=config, num_splits=num_splits)
     chosen = cfg
-    scale = default_sm_scale() if sm_scale is None else float(sm_scale)
     while True:
         try:
             _launch(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, scale, cfg, splits)
