@@ -38,7 +38,8 @@ PRODUCTS = ("qk", "pv")  # S = q k^T (both operands in shared memory); O += P V 
 @gluon.jit
 def _qk_kernel(Q, K, OUT, iters, BN: gl.constexpr):
     """``iters`` times ``S = Q K^T`` (Q: BLOCK_M x 576, K: BN x 576, both in shared memory in three column
-    blocks, 256 + 256 + 64, as the decode kernels keep them); stores the last S (fp32)."""
+    blocks, 256 + 256 + 64, three wgmma groups; the decode kernels keep 512 + 64, the same 36 k-steps in two
+    groups); stores the last S (fp32)."""
     BM: gl.constexpr = 128
     dtype: gl.constexpr = Q.dtype.element_ty
     G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
