@@ -52,6 +52,24 @@ def test_a_missed_bar_says_how_far_off_from_the_same_run():
             assert ("TB/s of KV" in r.note and "copy" in r.note) if memory_bound else ("matmul" in r.note), r.note
 
 
+def test_a_scattered_near_miss_shows_three_decimals_and_its_repeats(tmp_path):
+    """A scattered-layout ratio that rounds to its bar (1.0502 against 1.05) is shown as 1.050x, not 1.05x, and a
+    miss lists the spread of its per-repeat ratios (scattered / paged, each repeat's own pair)."""
+    payload = _committed("decode")
+    bar = next(b for b in payload["bars"] if b["kind"] == "scattered_ratio")
+    point = next(p for p in payload["results"] if p["key"] == bar["point"])
+    point["repeats"] = [dict(t, scattered=t["workbench"] * f) for t, f in zip(point["repeats"], (1.04, 1.0502, 1.06))]
+    point["repeats"] = point["repeats"][:3]
+    bar.update(value=1.0502, verdict="MISS")
+    (tmp_path / "bench_decode_h200.json").write_text(json.dumps(payload))
+    row = next(r for r in results.committed_bars(data_dir=tmp_path)[0] if r.bar == bar["name"])
+    assert row.measured.startswith("1.050x (") and row.note == "3 repeats, 1.040-1.060", row
+    bar.update(value=1.03, verdict="PASS")
+    (tmp_path / "bench_decode_h200.json").write_text(json.dumps(payload))
+    row = next(r for r in results.committed_bars(data_dir=tmp_path)[0] if r.bar == bar["name"])
+    assert row.measured.startswith("1.03x (") and row.note == "", row
+
+
 def test_a_missing_benchmark_is_reported_not_invented(tmp_path):
     (tmp_path / "bench_expand_h200.json").write_text((perfmodel.DATA_DIR / "bench_expand_h200.json").read_text())
     rows, lines = results.committed_bars(data_dir=tmp_path)

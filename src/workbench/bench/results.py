@@ -92,7 +92,11 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
                 note += (f"; the workbench {r['tflops']:.0f} TFLOP/s, FlashMLA {r['flashmla_tflops']:.0f}, the bf16 "
                          f"matmul {matmul:.0f} in the same run")
         elif kind == "scattered_ratio":
-            measured = f"{v:.2f}x ({r['scattered_us']:.1f} against {r['workbench_us']:.1f} us)"
+            digits = 3 if round(v, 2) == b.get("target") else 2
+            measured = f"{v:.{digits}f}x ({r['scattered_us']:.1f} against {r['workbench_us']:.1f} us)"
+            if b["verdict"] != "PASS" and r.get("repeats"):  # how the repeats spread around the bar
+                ratios = [t["scattered"] / t["workbench"] for t in r["repeats"]]
+                note = f"{len(ratios)} repeats, {min(ratios):.3f}-{max(ratios):.3f}"
         elif kind == "kv_fraction_of_copy":
             measured = f"{v:.1%} of copy ({v * copy / 1000:.2f} TB/s)"
         elif kind == "kv_gb_s":
