@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from workbench.mla.gluon import _cta_barrier, lse_from_base2, program_range, store_rows_coalesced
+from workbench.mla.gluon import _cta_barrier, lse_from_base2, program_range, staging_buffer, store_rows_coalesced
 
 __all__ = ["BLOCK_M", "BLOCK_N", "MAX_REGS", "NUM_BUFFERS", "NUM_WARPS", "mla_decode_gluon_ws_kernel"]
 
@@ -186,18 +186,11 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     l_s = l_w + OT_L.load(ROW_S)
     l_o = gl.convert_layout(l_s, ROW_O)
     out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-    store_rows_coalesced(OUT, _staging(K_LAT, OUT.dtype.element_ty, BM, HALF, W), out,
+    staging = staging_buffer(K_LAT, OUT.dtype.element_ty, 2 * BM, HALF).slice(W * BM, BM, dim=0)  # one tile each
+    store_rows_coalesced(OUT, staging, out,
                          row0 if DIRECT else out_base + row0, n_rows, W * HALF, BM, HALF, 4)
     if W == 0:
         gl.store(LSE + out_base + (row0 + s_rows).to(gl.int64), lse_from_base2(m_run, l_s), mask=s_rows < n_rows)
-
-
-@gluon.jit
-def _staging(K_LAT, dtype: gl.constexpr, BM: gl.constexpr, HALF: gl.constexpr, W: gl.constexpr):
-    """Warpgroup ``W``'s staging tile for its half of the output in the idle latent tile buffers, viewed as two
-    (BM, HALF) tiles of ``dtype`` (the default 128-byte swizzle, as :func:`workbench.mla.gluon.staging_buffer`)."""
-    SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, HALF], dtype)
-    return K_LAT._reinterpret(dtype, [2 * BM, HALF], SL).slice(W * BM, BM, dim=0)
 
 
 @gluon.jit
