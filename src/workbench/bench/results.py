@@ -80,8 +80,8 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
         if v is None:
             out.append(BarRow("decode", f"{point}: {rule}", "not measured", float("nan"), b["verdict"], note))
             continue
+        digits = 3 if round(v, 2) == b.get("target") else 2  # a ratio's near miss (< 0.005) still reads as one
         if kind == "flashmla_ratio":
-            digits = 3 if round(v, 2) == b.get("target") else 2  # a miss by less than 0.005 still reads as one
             measured = f"{v:.{digits}f}x ({r['workbench_us']:.1f} against {r['flashmla_us']:.1f} us)"
             lo, hi = r["ratio_range"]
             note = f"{len(r['repeats'])} repeats, {lo:.{digits}f}-{hi:.{digits}f}"
@@ -92,7 +92,6 @@ def _decode_rows(data: dict[str, Any]) -> list[BarRow]:
                 note += (f"; the workbench {r['tflops']:.0f} TFLOP/s, FlashMLA {r['flashmla_tflops']:.0f}, the bf16 "
                          f"matmul {matmul:.0f} in the same run")
         elif kind == "scattered_ratio":
-            digits = 3 if round(v, 2) == b.get("target") else 2
             measured = f"{v:.{digits}f}x ({r['scattered_us']:.1f} against {r['workbench_us']:.1f} us)"
             if b["verdict"] != "PASS" and r.get("repeats"):  # how the repeats spread around the bar
                 ratios = [t["scattered"] / t["workbench"] for t in r["repeats"]]
