@@ -372,7 +372,7 @@ def run(points: list[Point], *, peer_path: str | None, repeats: int, log=print) 
 def candidates(rule: dict[str, Any]) -> list[mla.TritonConfig]:
     """The configs the tune command tries for a rule: for a Triton rule its row block with every tile, warp count,
     pipeline depth, residency and index/partial switch of the grid below; for a Gluon rule the kernels of its row
-    class (the swapped kernel's row block is fixed by the rule; the 64-row kernels with both loaders)."""
+    class (the swapped kernel's row block is fixed by the rule; both 64-row kernels)."""
     cfg: mla.TritonConfig = rule["_config"]
     fp32 = rule["when"].get("fp32", False)
     if cfg.kernel == "gluon_swap":
@@ -380,8 +380,7 @@ def candidates(rule: dict[str, Any]) -> list[mla.TritonConfig]:
     if cfg.kernel in ("gluon", "gluon_ws"):
         base = dict(block_m=64, programs_per_sm=1, pdl=True)
         return [mla.TritonConfig(kernel="gluon", block_n=64, num_warps=8, num_stages=2, **base),
-                mla.TritonConfig(kernel="gluon_ws", block_n=32, num_warps=12, num_stages=4, **base),
-                mla.TritonConfig(kernel="gluon_ws", block_n=32, num_warps=12, num_stages=4, idx_ahead=True, **base)]
+                mla.TritonConfig(kernel="gluon_ws", block_n=64, num_warps=12, num_stages=2, **base)]
     out = []
     for block_n in (32, 64):
         for warps in (4, 8):

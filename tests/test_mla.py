@@ -290,7 +290,7 @@ def test_config_is_checked():
         mla.TritonConfig(kernel="gluon_swap", block_m=64, block_n=64, num_warps=8, num_stages=2)
     with pytest.raises(ValueError, match="narrow_partials is a switch of the Triton split kernel"):
         mla.TritonConfig(kernel="gluon", block_m=64, block_n=64, num_warps=8, num_stages=2, narrow_partials=True)
-    with pytest.raises(ValueError, match="idx_ahead applies to the 'triton' and 'gluon_ws' kernels"):
+    with pytest.raises(ValueError, match="idx_ahead applies to the 'triton' kernel"):
         mla.TritonConfig(kernel="gluon_swap", block_m=16, block_n=64, num_warps=4, num_stages=2, idx_ahead=True)
     with pytest.raises(ValueError, match="block_m is 24"):
         mla.TritonConfig(block_m=24)

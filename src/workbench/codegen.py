@@ -355,11 +355,10 @@ def gluon_swap_kernel_report(direct: bool = False, heads: int = 16, dtype: str =
                 ldmatrix=len(re.findall(r"\bldmatrix\.", ptx)))
 
 
-def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16",
-                           idx_ahead: bool = True) -> dict[str, Any]:
+def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "bf16") -> dict[str, Any]:
     """Compile :mod:`workbench.mla.gluon_ws`'s warp-specialised split kernel for Hopper and report what
     :func:`_compile_gluon` reports (``wgmma`` per warpgroup function: 36 for S over 512 + 64 values in k-steps
-    of 16, 2 for each of its P V sites; ``regs`` at the launch's ``maxnreg``: the partitions raise or lower it with
+    of 16, 4 for each of its P V sites over a 64-token tile; ``regs`` at the launch's ``maxnreg``: the partitions raise or lower it with
     setmaxnreg), plus ``partition_barriers`` (the named barriers of 128 threads the partitions synchronise on),
     ``handover_barriers`` (the ids of the 256-thread named barriers between the consumer warpgroups, by
     ``arrive`` and ``sync``), ``wgmma_waits`` (``wgmma.wait_group`` instructions by their count of groups left in
@@ -368,7 +367,7 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     from workbench.mla import gluon_ws
 
     _, ptx, report = _compile_gluon(gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=True, IDX_AHEAD=idx_ahead),
+                                    dict(NUM_HEADS=heads, PDL=True),
                                     dict(num_warps=gluon_ws.NUM_WARPS, maxnreg=gluon_ws.MAX_REGS), "gluon_ws")
     waits: dict[int, int] = {}
     for n in _wgmma_waits(ptx):
@@ -498,7 +497,7 @@ def main() -> None:  # pragma: no cover - a command-line view of the same report
             elif cfg.kernel == "gluon":
                 print(json.dumps(dict(gluon_kernel_report(), rule=rule["name"])))
             elif cfg.kernel == "gluon_ws":
-                print(json.dumps(dict(gluon_ws_kernel_report(idx_ahead=cfg.idx_ahead), rule=rule["name"])))
+                print(json.dumps(dict(gluon_ws_kernel_report(), rule=rule["name"])))
             else:
                 print(json.dumps(dict(gluon_swap_kernel_report(block_m=cfg.block_m), rule=rule["name"])))
 

@@ -186,8 +186,7 @@ def _launch(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, sc
         elif cfg.kernel == "gluon_ws":
             from workbench.mla import gluon_ws
 
-            compiled = gluon_ws.mla_decode_gluon_ws_kernel[grid](*args, IDX_AHEAD=cfg.idx_ahead,
-                                                                 num_warps=gluon_ws.NUM_WARPS,
+            compiled = gluon_ws.mla_decode_gluon_ws_kernel[grid](*args, num_warps=gluon_ws.NUM_WARPS,
                                                                  maxnreg=gluon_ws.MAX_REGS, **common)
         else:
             from workbench.mla import gluon_swap

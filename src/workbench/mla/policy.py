@@ -12,8 +12,8 @@ Four kernels (``TritonConfig.kernel``):
 * ``"triton"``: :func:`workbench.mla.triton_kernels.mla_decode_split_kernel`, on every GPU and the interpreter;
 * ``"gluon_swap"``: :mod:`workbench.mla.gluon_swap`, Hopper, at most 32 folded rows (tokens as ``wgmma``'s M);
 * ``"gluon"``: :mod:`workbench.mla.gluon`, Hopper, 64-row blocks, the two warpgroups in lockstep;
-* ``"gluon_ws"``: :mod:`workbench.mla.gluon_ws`, Hopper, 64-row blocks, warp-specialised (the seesaw): its fixed
-  costs (the loader's start, the hand-overs) pay from about 128 KV tokens per program.
+* ``"gluon_ws"``: :mod:`workbench.mla.gluon_ws`, Hopper, 64-row blocks, warp-specialised (FlashMLA's seesaw on
+  64-token tiles): its fixed costs (the loader's start, the hand-overs) pay from about 128 KV tokens per program.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ __all__ = ["KERNELS", "TUNED_DIR", "TritonConfig", "choose_num_splits", "default
 
 KERNELS = ("triton", "gluon", "gluon_ws", "gluon_swap")
 TUNED_DIR = Path(__file__).resolve().parents[1] / "data" / "tuned"
-_GLUON_SHAPES = {"gluon": {(64, 64, 8, 2)}, "gluon_ws": {(64, 32, 12, 4)},
+_GLUON_SHAPES = {"gluon": {(64, 64, 8, 2)}, "gluon_ws": {(64, 64, 12, 2)},
                  "gluon_swap": {(16, 64, 4, 2), (32, 64, 4, 2)}}  # (block_m, block_n, num_warps, num_stages)
 
 
@@ -45,7 +45,7 @@ class TritonConfig:
     """Launch parameters of the decode: which split kernel, its tile, and the split cost model.
 
     The Gluon kernels have fixed tiles (``_GLUON_SHAPES``): ``gluon`` 64 rows x 64 tokens on 8 warps with two
-    buffers; ``gluon_ws`` 64 rows x 32 tokens on 12 warps (two consumer warpgroups and a loader) with four;
+    buffers; ``gluon_ws`` 64 rows x 64 tokens on 12 warps (two consumer warpgroups and a loader) with two;
     ``gluon_swap`` 16 or 32 rows x 64 tokens on 4 warps with two. They keep their partials in q's 16-bit dtype.
     """
 
@@ -55,7 +55,7 @@ class TritonConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs_per_sm: int | None = None  # resident programs per SM; None: from the compiled kernel, or estimated
-    idx_ahead: bool = False  # triton, gluon_ws: each tile's indices are loaded one tile early
+    idx_ahead: bool = False  # triton: each tile's indices are loaded one tile early
     pdl: bool = False  # programmatic dependent launch (compiled NVIDIA sm_90+; ignored elsewhere): the split kernel
     #                    waits for the kernel before it before its first read, and the merge launches early
     narrow_partials: bool = False  # triton: partial outputs in q's dtype instead of fp32 (half the bytes; each
@@ -80,9 +80,9 @@ class TritonConfig:
             if self.narrow_partials:
                 raise ValueError("narrow_partials is a switch of the Triton split kernel; the Gluon kernels always "
                                  "keep their partials in q's 16-bit dtype")
-            if self.idx_ahead and self.kernel != "gluon_ws":
-                raise ValueError(f"idx_ahead applies to the 'triton' and 'gluon_ws' kernels, not {self.kernel!r} "
-                                 "(whose gather pipeline already loads each tile's indices one tile early)")
+            if self.idx_ahead:
+                raise ValueError(f"idx_ahead applies to the 'triton' kernel, not {self.kernel!r} (whose gather "
+                                 "already loads each tile's indices ahead of its rows)")
         else:
             for name in ("block_m", "block_n"):
                 v = getattr(self, name)
