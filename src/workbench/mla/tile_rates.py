@@ -31,7 +31,7 @@ BLOCK_M = 128  # rows per program: two warpgroups of 64
 NUM_WARPS = 8
 D_K = QK_HEAD_DIM  # MLA's q k^T depth (512 latent + 64 rope)
 D_V_HALF = KV_LORA_RANK // 2  # one warpgroup's half of the 512 output columns
-TILE_WIDTHS = (32, 64)  # tokens per tile: the warp-specialised kernel's and FlashMLA's
+TILE_WIDTHS = (32, 64)  # tokens per tile: the earlier 32-token gluon_ws; FlashMLA and the current gluon_ws
 PRODUCTS = ("qk", "pv")  # S = q k^T (both operands in shared memory); O += P V (P from registers)
 
 
