@@ -106,6 +106,55 @@ def test_default_choice_names_its_kernel_and_matches_golden(heads, qlen, kernel,
     check_against_golden(case, res.out, res.lse, torch.bfloat16, 0.07, f"default {kernel} H{heads} qlen {qlen}")
 
 
+def _paged_case(qo_lens, kv_lens, heads, row_stride, seed):
+    """A cache of 64-token pages handed out in a random order (NaN in the rows no request uses), indexed as the PR's
+    expansion indexes it, and two more requests as long as the last: one on a run of rows that starts 13 rows into
+    a page (after the pages), one on the last request's rows with two rows of every page swapped (no run); rows
+    ``row_stride`` values apart."""
+    g = torch.Generator().manual_seed(seed)
+    page, n = 64, kv_lens[-1]
+    pages = [-(-k // page) for k in kv_lens]
+    num_pages = 1 + sum(pages)  # page 0 is never handed out
+    run_start = num_pages * page + 13
+    store = torch.full((run_start + n + 7, row_stride), float("nan"))
+    order = 1 + torch.randperm(num_pages - 1, generator=g)
+    indices, used = [], 0
+    for k, npg in zip(kv_lens, pages):
+        indices.append((order[used:used + npg, None] * page + torch.arange(page)).flatten()[:k])
+        used += npg
+    swapped = indices[-1].clone()
+    swapped[1::page], swapped[2::page] = indices[-1][2::page], indices[-1][1::page]
+    indices += [torch.arange(run_start, run_start + n), swapped]
+    kv_lens = [*kv_lens, n, n]
+    qo_lens = [*qo_lens, qo_lens[-1], qo_lens[-1]]
+    rows = torch.cat(indices)
+    store[rows, :D] = torch.randn(rows.numel(), D, generator=g)
+    cum = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    q = torch.randn(sum(qo_lens), heads, D, generator=g)
+    return dict(q=q.to(torch.bfloat16).cuda(), kv_cache=store.to(torch.bfloat16).cuda()[:, :D],
+                qo_indptr=cum(qo_lens).cuda(), kv_indptr=cum(kv_lens).cuda(), kv_indices=rows.to(torch.int32).cuda())
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("row_stride", [D, D + 64])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("heads,qo_lens", [(16, [4, 4, 4]), (128, [1, 1, 1]), (16, [8, 3, 6])])
+def test_gluon_ws_takes_whole_pages_by_bulk_copies(heads, qo_lens, num_splits, row_stride):
+    """On a paged cache the warp-specialised kernel's loader copies a tile whose 64 rows are one run of the cache
+    by TMA and any other tile (a page's last, partly used tile; a run cut by a split's end; a page with two rows
+    swapped) row by row: the golden must hold for every mix, with contiguous and wider rows, eagerly and in
+    graph replays."""
+    from workbench.mla import gluon_ws
+
+    case = _paged_case(qo_lens, [4099, 640, 1000], heads, row_stride, seed=heads + num_splits + row_stride)
+    assert gluon_ws.kv_descriptor(case["kv_cache"]) is not None  # the bulk path is the one under test
+    cfg = GLUON_CONFIGS[next(k for k, c in GLUON_CONFIGS.items() if c.kernel == "gluon_ws")]
+    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
+    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits)
+    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"paged H{heads} q{qo_lens} s{num_splits}")
+    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("qlen", [1, 2, 3, 8])
 def test_fp32_every_row_class(qlen):
