@@ -315,8 +315,6 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
     from triton.experimental.gluon._runtime import GluonASTSource
 
     runtime = {k: v.format(dt=dtype, out=dtype) for k, v in _RUNTIME_ARGS.items()}
-    if "KV_DESC" in fn.arg_names:  # the cache's TMA descriptor, as a launch on a 16-byte aligned cache passes it
-        runtime["KV_DESC"] = _kv_descriptor_type(dtype)
     kernel = _compile(fn, runtime, dict(consts, DIRECT=direct, D_LATENT=512, D_ROPE=64), _DIVISIBLE_BY_16, HOPPER,
                       options, source=GluonASTSource)
     ptx = kernel.asm["ptx"]
@@ -325,17 +323,6 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
                          "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "global_stores": _global_stores(ptx),
                          "cp_async_wait": _async_waits(ptx), "pdl": pdl_report(ptx) if consts.get("PDL") else None,
                          "triton": triton.__version__}
-
-
-def _kv_descriptor_type(dtype: str) -> str:
-    """Triton's type of :func:`workbench.mla.gluon_ws.kv_descriptor` for a ``dtype`` cache (from a host tensor)."""
-    import torch
-    from triton.runtime.jit import mangle_type
-
-    from workbench.mla import gluon_ws
-
-    cache = torch.zeros(64, 576, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
-    return mangle_type(gluon_ws.kv_descriptor(cache))
 
 
 def gluon_kernel_report(direct: bool = False, heads: int = 128, dtype: str = "bf16", pdl: bool = True) -> dict[str, Any]:
@@ -380,7 +367,7 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
     from workbench.mla import gluon_ws
 
     _, ptx, report = _compile_gluon(gluon_ws.mla_decode_gluon_ws_kernel, dtype, direct,
-                                    dict(NUM_HEADS=heads, PDL=True, USE_TMA=True),
+                                    dict(NUM_HEADS=heads, PDL=True),
                                     dict(num_warps=gluon_ws.NUM_WARPS, maxnreg=gluon_ws.MAX_REGS), "gluon_ws")
     waits: dict[int, int] = {}
     for n in _wgmma_waits(ptx):

@@ -48,14 +48,12 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
-
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from workbench.mla.gluon import _cta_barrier, lse_from_base2, program_range, staging_buffer, store_rows_coalesced
 
-__all__ = ["BLOCK_M", "BLOCK_N", "MAX_REGS", "NUM_BUFFERS", "NUM_WARPS", "kv_descriptor", "mla_decode_gluon_ws_kernel"]
+__all__ = ["BLOCK_M", "BLOCK_N", "MAX_REGS", "NUM_BUFFERS", "NUM_WARPS", "mla_decode_gluon_ws_kernel"]
 
 BLOCK_M = 64  # folded rows per program
 BLOCK_N = 64  # tokens per tile
@@ -71,16 +69,6 @@ _D_ROPE = gl.constexpr(64)
 # named barriers of the two consumer warpgroups (256 threads; ids above the compiler's partition barriers, 0-3)
 _BAR_M = gl.constexpr(8)  # 8 + w: warpgroup w's running max is out
 _BAR_P = gl.constexpr(10)  # 10 + w: warpgroup w's P is out (in the rope rows of buffer w)
-
-
-def kv_descriptor(cache) -> TensorDescriptor | None:
-    """The TMA descriptor the loader's bulk copies read ``cache`` (``[num_rows, 576]``, 16-bit, unit column stride)
-    through: blocks of 64 rows x 64 columns, in the tiles' shared layout; None where TMA cannot address it (a base
-    address or row stride that is not a multiple of 16 bytes), and the loader then gathers every tile by row."""
-    if cache.element_size() != 2 or cache.data_ptr() % 16 or (cache.stride(0) * 2) % 16 or cache.stride(1) != 1:
-        return None
-    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)  # the same for both 16-bit types
-    return TensorDescriptor(cache, list(cache.shape), [cache.stride(0), 1], [64, 64], layout)
 
 
 @gluon.jit
@@ -149,7 +137,7 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     An odd last tile is warpgroup 0's alone: warpgroup 1 then only adds ``P_a V_aR``."""
     (Q_LAT, Q_ROPE, K_LAT, K_ROPE, M0, M1, L0, L1, FULL_A, FULL_B, EMPTY_A, EMPTY_B, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
-     kv_start, stride_kv, num_heads, KV_DESC) = a
+     kv_start, stride_kv, num_heads) = a
     if W == 0:
         MY_L, OT_L = L0, L1
     else:
@@ -302,63 +290,13 @@ def _copy_cols(dst, row, c0: gl.constexpr, d_half, ok):
 
 
 @gluon.jit
-def _bulk_cols(KV_DESC, bar, dst, first, c0: gl.constexpr, n: gl.constexpr):
-    """Issue the bulk (TMA) copies of columns ``c0 .. c0 + 64 n - 1`` of the 64 cache rows from ``first`` on into
-    the same columns of ``dst`` (64 columns a copy: the swizzle's width), each counted on ``bar``'s transactions."""
-    for j in gl.static_range(n):
-        tma.async_copy_global_to_shared(KV_DESC, [first, c0 + 64 * j], bar, dst.slice(c0 + 64 * j, 64, dim=1))
-
-
-@gluon.jit
-def _gather(bar, lat, rope, KV, idx, stride_kv, c0: gl.constexpr, with_rope: gl.constexpr, d_half, d_rope, ok):
-    """One column group of a tile by ``cp.async`` per row (rows ``idx``; latent columns ``c0 .. c0 + 255``, and the
-    rope columns if ``with_rope``); each loader lane arrives on ``bar`` when its copies land."""
-    row = KV + idx.to(gl.int64)[:, None] * stride_kv
-    _copy_cols(lat, row, c0, d_half, ok)
-    if with_rope:
-        cp.async_copy_global_to_shared(rope, row + 512 + d_rope[None, :], mask=ok[:, None])
-    cp.mbarrier_arrive(bar, increment_count=False)
-
-
-@gluon.jit
-def _fill(KV_DESC, bar, lat, rope, KV, idx, stride_kv, c0: gl.constexpr, with_rope: gl.constexpr, d_half, d_rope, ok, bulk, first,
-          USE_TMA: gl.constexpr):
-    """One column group of a tile, arriving on ``bar`` (count LOADER_WARPS * 32) once it has landed: by bulk (TMA)
-    copies if ``bulk`` (the tile's 64 rows are one run of the cache from row ``first``), else by :func:`_gather`."""
-    if USE_TMA:
-        if bulk:
-            if with_rope:
-                mbarrier.expect(bar, 64 * (256 + 64) * 2)  # one arrival, and the bytes its copies bring
-                _bulk_cols(KV_DESC, bar, lat, first, c0, 4)
-                tma.async_copy_global_to_shared(KV_DESC, [first, 512], bar, rope)
-            else:
-                mbarrier.expect(bar, 64 * 256 * 2)
-                _bulk_cols(KV_DESC, bar, lat, first, c0, 4)
-            mbarrier.arrive(bar, count=LOADER_WARPS * 32 - 1)
-        else:
-            _gather(bar, lat, rope, KV, idx, stride_kv, c0, with_rope, d_half, d_rope, ok)
-    else:
-        _gather(bar, lat, rope, KV, idx, stride_kv, c0, with_rope, d_half, d_rope, ok)
-
-
-@gluon.jit
-def _run_start(idx, t_off, full):
-    """(whether a tile's rows can come by bulk copies, its first row): a whole tile (``full``) whose 64 indices are
-    one ascending run (a 64-token page of a paged cache)."""
-    d = idx - t_off
-    first = gl.min(d, axis=0)
-    return full & (first == gl.max(d, axis=0)), first
-
-
-@gluon.jit
-def _loader(a, USE_TMA: gl.constexpr):
+def _loader(a):
     """The loader warpgroup, pair by pair: the indices of both tiles first, then each column group once its buffer's
     readers handed it back (group A of both tiles, then group B of both: the order in which the consumers hand
-    them back). A tile whose rows are one run of the cache comes by bulk (TMA) copies, any other by ``cp.async``
-    per row; either way the column group's mbarrier completes (count LOADER_WARPS * 32) once its bytes are in."""
+    them back), each arriving on its mbarrier as its copies land (count LOADER_WARPS * 32, one per lane)."""
     (Q_LAT, Q_ROPE, K_LAT, K_ROPE, M0, M1, L0, L1, FULL_A, FULL_B, EMPTY_A, EMPTY_B, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
-     kv_start, stride_kv, num_heads, KV_DESC) = a
+     kv_start, stride_kv, num_heads) = a
     BN: gl.constexpr = 64
     G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LOADER_WARPS, 1], [1, 0])
     t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, G))
@@ -373,41 +311,32 @@ def _loader(a, USE_TMA: gl.constexpr):
         ok_b = cb < k_hi
         idx_a = gl.load(KV_INDICES + kv_start + ca, mask=ok_a, other=0)
         idx_b = gl.load(KV_INDICES + kv_start + cb, mask=ok_b, other=0)
-        bulk_a, first_a = _run_start(idx_a, t_off, k_lo + (2 * k + 1) * BN <= k_hi)
-        bulk_b, first_b = _run_start(idx_b, t_off, k_lo + (2 * k + 2) * BN <= k_hi)
+        row_a = KV + idx_a.to(gl.int64)[:, None] * stride_kv
+        row_b = KV + idx_b.to(gl.int64)[:, None] * stride_kv
         has_b = 2 * k + 1 < n_tiles
         mbarrier.wait(EMPTY_A.index(0), e_ph)
-        _fill(KV_DESC, FULL_A.index(0), K_LAT.index(0), K_ROPE.index(0), KV, idx_a, stride_kv, 0, False, d_half, d_rope, ok_a,
-              bulk_a, first_a, USE_TMA)
+        _copy_cols(K_LAT.index(0), row_a, 0, d_half, ok_a)
+        cp.mbarrier_arrive(FULL_A.index(0), increment_count=False)
         if has_b:
             mbarrier.wait(EMPTY_A.index(1), e_ph)
-            _fill(KV_DESC, FULL_A.index(1), K_LAT.index(1), K_ROPE.index(1), KV, idx_b, stride_kv, 256, False, d_half, d_rope,
-                  ok_b, bulk_b, first_b, USE_TMA)
+            _copy_cols(K_LAT.index(1), row_b, 256, d_half, ok_b)
+            cp.mbarrier_arrive(FULL_A.index(1), increment_count=False)
         mbarrier.wait(EMPTY_B.index(0), e_ph)
-        _fill(KV_DESC, FULL_B.index(0), K_LAT.index(0), K_ROPE.index(0), KV, idx_a, stride_kv, 256, True, d_half, d_rope, ok_a,
-              bulk_a, first_a, USE_TMA)
+        _copy_cols(K_LAT.index(0), row_a, 256, d_half, ok_a)
+        cp.async_copy_global_to_shared(K_ROPE.index(0), row_a + 512 + d_rope[None, :], mask=ok_a[:, None])
+        cp.mbarrier_arrive(FULL_B.index(0), increment_count=False)
         if has_b:
             mbarrier.wait(EMPTY_B.index(1), e_ph)
-            _fill(KV_DESC, FULL_B.index(1), K_LAT.index(1), K_ROPE.index(1), KV, idx_b, stride_kv, 0, True, d_half, d_rope, ok_b,
-                  bulk_b, first_b, USE_TMA)
-
-
-@gluon.jit
-def _loader_bulk(a):
-    _loader(a, True)
-
-
-@gluon.jit
-def _loader_rows(a):
-    _loader(a, False)
+            _copy_cols(K_LAT.index(1), row_b, 0, d_half, ok_b)
+            cp.async_copy_global_to_shared(K_ROPE.index(1), row_b + 512 + d_rope[None, :], mask=ok_b[:, None])
+            cp.mbarrier_arrive(FULL_B.index(1), increment_count=False)
 
 
 @gluon.jit
 def mla_decode_gluon_ws_kernel(
     Q, KV, KV_INDICES, QO_INDPTR, KV_INDPTR, OUT, LSE,
-    stride_kv, total_rows, qk_scale, num_splits, KV_DESC,
+    stride_kv, total_rows, qk_scale, num_splits,
     NUM_HEADS: gl.constexpr, DIRECT: gl.constexpr, D_LATENT: gl.constexpr, D_ROPE: gl.constexpr,
-    USE_TMA: gl.constexpr,  # KV_DESC is a TMA descriptor of the cache's rows (blocks of 64 x 64), not a stand-in
     PDL: gl.constexpr = False,  # launched with PDL: wait for the kernel before, then let the next one launch early
 ):
     BM: gl.constexpr = 64
@@ -466,18 +395,10 @@ def mla_decode_gluon_ws_kernel(
         out_base = pid_s.to(gl.int64) * total_rows
         args = (q_lat, q_rope, k_lat, k_rope, m0, m1, l0, l1, full_a, full_b, empty_a, empty_b, done,
                 q_bar, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale,
-                out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS, KV_DESC)
+                out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         if DIRECT:
-            if USE_TMA:
-                gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )),
-                                    (_loader_bulk, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
-            else:
-                gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )),
-                                    (_loader_rows, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )),
+                                (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
         else:
-            if USE_TMA:
-                gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )),
-                                    (_loader_bulk, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
-            else:
-                gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )),
-                                    (_loader_rows, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+            gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )),
+                                (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])

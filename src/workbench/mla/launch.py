@@ -186,9 +186,7 @@ def _launch(q, cache, qo_indptr, kv_indptr, kv_indices, out, lse, max_qo_len, sc
         elif cfg.kernel == "gluon_ws":
             from workbench.mla import gluon_ws
 
-            desc = gluon_ws.kv_descriptor(cache)  # None: a cache TMA cannot address; every tile is then gathered
-            compiled = gluon_ws.mla_decode_gluon_ws_kernel[grid](*args, cache if desc is None else desc,
-                                                                 USE_TMA=desc is not None, num_warps=gluon_ws.NUM_WARPS,
+            compiled = gluon_ws.mla_decode_gluon_ws_kernel[grid](*args, num_warps=gluon_ws.NUM_WARPS,
                                                                  maxnreg=gluon_ws.MAX_REGS, **common)
         else:
             from workbench.mla import gluon_swap
