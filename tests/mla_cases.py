@@ -13,6 +13,11 @@ from workbench.decode_metadata import DecodeMetadata
 D, DV = mla.QK_HEAD_DIM, mla.KV_LORA_RANK
 
 
+def offsets(lens):
+    """The aiter-style offsets of a list of lengths: ``[0, l0, l0 + l1, ...]`` as int32."""
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+
+
 def make_case(qo_lens, kv_lens, heads, dtype=torch.float32, device="cpu", seed=0, spare_rows=7):
     """Random q, a cache whose unused rows are NaN, and the aiter-style offsets and indices.
 
@@ -25,10 +30,9 @@ def make_case(qo_lens, kv_lens, heads, dtype=torch.float32, device="cpu", seed=0
     rows = 1 + torch.randperm(num_rows - 1, generator=g)[:total_kv]
     cache[rows] = torch.randn(total_kv, D, generator=g)
     q = torch.randn(total_q, heads, D, generator=g)
-    cum = lambda xs: torch.tensor([0] + list(torch.tensor(xs).cumsum(0).tolist()), dtype=torch.int32)  # noqa: E731
     return dict(
         q=q.to(dtype).to(device), kv_cache=cache.to(dtype).to(device),
-        qo_indptr=cum(qo_lens).to(device), kv_indptr=cum(kv_lens).to(device),
+        qo_indptr=offsets(qo_lens).to(device), kv_indptr=offsets(kv_lens).to(device),
         kv_indices=rows.to(torch.int32).to(device),
     )
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import workbench  # noqa: F401
-from mla_cases import D, DV, assert_graph_replays_equal, check_against_golden, make_case, metadata_of, ragged_gpu_case
+from mla_cases import (D, DV, assert_graph_replays_equal, check_against_golden, make_case, metadata_of, offsets,
+                       ragged_gpu_case)
 from workbench import mla
 from workbench.mla import policy
 
@@ -44,12 +45,18 @@ def test_default_matches_golden(qlen, heads, dtype):
     check_against_golden(case, res.out, res.lse, dtype, 0.07, f"qlen {qlen} H {heads} {dtype}: {res.reason}")
 
 
-def _check_config(cfg, heads, qo_lens, num_splits, dtype, seed):
-    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=seed)
+def _check_case(case, args, cfg, num_splits, dtype, label):
+    """``mla_decode_triton(*args)`` with ``cfg`` and ``num_splits`` into a NaN-filled output against the golden of
+    ``case``, and its graph replays equal to the eager call."""
     out = torch.full_like(case["q"][..., :DV], float("nan"))
     out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=out)
-    check_against_golden(case, out, lse, dtype, 0.07, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
+    check_against_golden(case, out, lse, dtype, 0.07, label)
     assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+
+
+def _check_config(cfg, heads, qo_lens, num_splits, dtype, seed):
+    case, args = ragged_gpu_case(qo_lens, heads, dtype, seed=seed)
+    _check_case(case, args, cfg, num_splits, dtype, f"{cfg.label} H{heads} q{qo_lens} s{num_splits} {dtype}")
 
 
 @pytest.mark.gpu
@@ -107,32 +114,34 @@ def test_default_choice_names_its_kernel_and_matches_golden(heads, qlen, kernel,
 
 
 def _paged_case(qo_lens, kv_lens, heads, row_stride, seed):
-    """A cache of 64-token pages handed out in a random order (NaN in the rows no request uses), indexed as the PR's
-    expansion indexes it, and two more requests as long as the last: one on a run of rows that starts 13 rows into
-    a page (after the pages), one on the last request's rows with two rows of every page swapped (no run); rows
-    ``row_stride`` values apart."""
+    """A cache of 64-token pages handed out in a random order (NaN in the rows no request uses), indexed by the
+    expansion's spec, and two more requests as long as the last: one on a run of rows that starts 13 rows into a
+    page (after the pages), one on the last request's rows with two rows of every page swapped (no run); rows
+    ``row_stride`` values apart. Returns the case and ``mla_decode_triton``'s positional arguments (scale 0.07)."""
+    from workbench.expand import expand_page_indices_ref
+
     g = torch.Generator().manual_seed(seed)
     page, n = 64, kv_lens[-1]
     pages = [-(-k // page) for k in kv_lens]
     num_pages = 1 + sum(pages)  # page 0 is never handed out
     run_start = num_pages * page + 13
     store = torch.full((run_start + n + 7, row_stride), float("nan"))
-    order = 1 + torch.randperm(num_pages - 1, generator=g)
-    indices, used = [], 0
-    for k, npg in zip(kv_lens, pages):
-        indices.append((order[used:used + npg, None] * page + torch.arange(page)).flatten()[:k])
-        used += npg
-    swapped = indices[-1].clone()
-    swapped[1::page], swapped[2::page] = indices[-1][2::page], indices[-1][1::page]
-    indices += [torch.arange(run_start, run_start + n), swapped]
-    kv_lens = [*kv_lens, n, n]
-    qo_lens = [*qo_lens, qo_lens[-1], qo_lens[-1]]
-    rows = torch.cat(indices)
+    table = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
+    order = (1 + torch.randperm(num_pages - 1, generator=g)).split(pages)
+    for r, blocks in enumerate(order):
+        table[r, :len(blocks)] = blocks
+    paged, _ = expand_page_indices_ref(table, kv_lens, page)
+    last = paged[-n:]
+    swapped = last.clone()
+    swapped[1::page], swapped[2::page] = last[2::page], last[1::page]
+    rows = torch.cat([paged, torch.arange(run_start, run_start + n, dtype=torch.int32), swapped])
+    kv_lens, qo_lens = [*kv_lens, n, n], [*qo_lens, qo_lens[-1], qo_lens[-1]]
     store[rows, :D] = torch.randn(rows.numel(), D, generator=g)
-    cum = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
     q = torch.randn(sum(qo_lens), heads, D, generator=g)
-    return dict(q=q.to(torch.bfloat16).cuda(), kv_cache=store.to(torch.bfloat16).cuda()[:, :D],
-                qo_indptr=cum(qo_lens).cuda(), kv_indptr=cum(kv_lens).cuda(), kv_indices=rows.to(torch.int32).cuda())
+    case = dict(q=q.to(torch.bfloat16).cuda(), kv_cache=store.to(torch.bfloat16).cuda()[:, :D],
+                qo_indptr=offsets(qo_lens).cuda(), kv_indptr=offsets(kv_lens).cuda(), kv_indices=rows.cuda())
+    return case, (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
+                  max(qo_lens), 0.07)
 
 
 @pytest.mark.hopper
@@ -144,12 +153,9 @@ def test_gluon_ws_on_paged_caches(heads, qo_lens, num_splits, row_stride):
     random order, a page's last and partly used tile, a run of rows cut by a split's end, a run that starts inside a
     page and pages with two rows swapped; contiguous and wider rows; the golden must hold eagerly and in graph
     replays."""
-    case = _paged_case(qo_lens, [4099, 640, 1000], heads, row_stride, seed=heads + num_splits + row_stride)
-    cfg = GLUON_CONFIGS[next(k for k, c in GLUON_CONFIGS.items() if c.kernel == "gluon_ws")]
-    args = (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"], max(qo_lens), 0.07)
-    out, lse = mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits)
-    check_against_golden(case, out, lse, torch.bfloat16, 0.07, f"paged H{heads} q{qo_lens} s{num_splits}")
-    assert_graph_replays_equal(lambda o: mla.mla_decode_triton(*args, config=cfg, num_splits=num_splits, out=o), out)
+    case, args = _paged_case(qo_lens, [4099, 640, 1000], heads, row_stride, seed=heads + num_splits + row_stride)
+    cfg = next(c for c in GLUON_CONFIGS.values() if c.kernel == "gluon_ws")
+    _check_case(case, args, cfg, num_splits, torch.bfloat16, f"paged H{heads} q{qo_lens} s{num_splits}")
 
 
 @pytest.mark.gpu
