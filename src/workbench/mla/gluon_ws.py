@@ -58,9 +58,11 @@ __all__ = ["BLOCK_M", "BLOCK_N", "MAX_REGS", "NUM_BUFFERS", "NUM_WARPS", "mla_de
 BLOCK_M = 64  # folded rows per program
 BLOCK_N = 64  # tokens per tile
 NUM_BUFFERS = 2  # cache tiles in shared memory (one per warpgroup)
-NUM_WARPS = 4  # the default partition: warpgroup 0 (warpgroup 1 is the worker partition)
-MAX_REGS = 240  # registers per thread: 8 warps x 240 of an SM's 64K
-CONSUMER_REGS = gl.constexpr(240)  # warpgroup 1's registers (warpgroup 0 gets the same)
+NUM_WARPS = 4  # the default partition: warpgroup 0 (warpgroup 1 and the loader are worker partitions)
+MAX_REGS = 168  # registers per thread for the launch: 12 warps (the loader's warpgroup counted whole) x 168
+CONSUMER_REGS = gl.constexpr(232)  # warpgroup 1's registers (warpgroup 0 gets what is left: 168 * 3 - 232 - 40 = 232)
+LOADER_REGS = gl.constexpr(40)
+LOADER_WARPS = gl.constexpr(4)  # the loader's warpgroup is allocated whole anyway; one warp issues too slowly
 
 _D_LATENT = gl.constexpr(512)  # MLA's latent width (also V's)
 _D_ROPE = gl.constexpr(64)
@@ -133,7 +135,7 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     accumulator is; the shares are added once, after the last tile. A rescale factor is ``exp2(m_old - ref)`` with
     ``ref`` the new max made finite (:func:`_finite`): a row that saw no key yet keeps factor 0, never ``inf * 0``.
     An odd last tile is warpgroup 0's alone: warpgroup 1 then only adds ``P_a V_aR``."""
-    (Q_LAT, Q_ROPE, K_LAT, K_ROPE, M0, M1, L0, L1, FULL_A, FULL_B, DONE,
+    (Q_LAT, Q_ROPE, K_LAT, K_ROPE, M0, M1, L0, L1, FULL_A, FULL_B, EMPTY_A, EMPTY_B, DONE,
      Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
      kv_start, stride_kv, num_heads) = a
     if W == 0:
@@ -161,19 +163,9 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
     mbarrier.wait(Q_BAR.index(0), 0)  # the query tile has landed (the default partition's copies, waited for)
     fence_async_shared()
     n_pairs = gl.cdiv(n_tiles, 2)
-    G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, G))
     for k in range(n_pairs):
         ph = k & 1  # each buffer is filled once per pair
         has_b = 2 * k + 1 < n_tiles
-        # the next pair's indices, loaded now and used once a buffer's column group is free
-        c_next = k_lo + (2 * k + 2) * BN + t_off
-        ok_an = c_next < k_hi
-        ok_bn = c_next + BN < k_hi
-        row_an = KV + gl.load(KV_INDICES + kv_start + c_next, mask=ok_an, other=0).to(gl.int64)[:, None] * stride_kv
-        row_bn = KV + gl.load(KV_INDICES + kv_start + c_next + BN, mask=ok_bn, other=0).to(gl.int64)[:, None] * stride_kv
-        has_an = 2 * k + 2 < n_tiles
-        has_bn = 2 * k + 3 < n_tiles
         if W == 0:  # step 1: S_a, its max out, P_a, O_L += P_a V_aL
             c0 = k_lo + 2 * k * BN
             s = _scores(Q_LAT, Q_ROPE, K_LAT, K_ROPE, FULL_A, FULL_B, 0, ph, s_zero, c0 + s_cols, k_hi, limit,
@@ -197,21 +189,21 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
                 l_w = l_w * scale1
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok, ))
                 _cta_barrier()  # every warp of this warpgroup is done with group A of buffer 0
-                if has_an:
-                    _refill(K_LAT.index(0), K_ROPE.index(0), row_an, 0, False, ok_an, FULL_A.index(0))
+                mbarrier.arrive(EMPTY_A.index(0))
                 _bar_sync(_BAR_P + 1)
                 tok = warpgroup_mma(K_ROPE.index(1), K_LAT.index(1).slice(0, HALF, dim=1),
                                     acc * gl.convert_layout(scale1, ROW_O)[:, None], is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok, ))
                 _cta_barrier()
-                if has_bn:
-                    _refill(K_LAT.index(1), K_ROPE.index(1), row_bn, 0, True, ok_bn, FULL_B.index(1))
+                mbarrier.arrive(EMPTY_B.index(1))
                 m_run = m_new1
             else:  # an odd last tile: P_a at m_a
                 K_ROPE.index(0).store(p.to(dtype))
                 fence_async_shared()
                 _bar_arrive(_BAR_P + 0)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok, ))
+                _cta_barrier()
+                mbarrier.arrive(EMPTY_A.index(0))
                 m_run = m_new0
         else:
             if has_b:  # steps 2 and 4
@@ -236,12 +228,10 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
                 _bar_arrive(_BAR_P + 1)  # P_b is out, and P_a V_aR is issued ahead of warpgroup 0's P_b V_bL
                 warpgroup_mma_wait(num_outstanding=1, deps=(tok, ))  # P_b V_bR is done: group A of buffer 1 is free
                 _cta_barrier()
-                if has_bn:
-                    _refill(K_LAT.index(1), K_ROPE.index(1), row_bn, 256, False, ok_bn, FULL_A.index(1))
+                mbarrier.arrive(EMPTY_A.index(1))
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok, ))
                 _cta_barrier()
-                if has_an:
-                    _refill(K_LAT.index(0), K_ROPE.index(0), row_an, 256, True, ok_an, FULL_B.index(0))
+                mbarrier.arrive(EMPTY_B.index(0))
                 m_run = m_new1
             else:  # an odd last tile: step 4 alone
                 _bar_sync(_BAR_M + 0)
@@ -252,6 +242,8 @@ def _consumer(a, W: gl.constexpr, DIRECT: gl.constexpr):
                 tok = warpgroup_mma(K_ROPE.index(0), K_LAT.index(0).slice(HALF, HALF, dim=1),
                                     acc * gl.convert_layout(f, ROW_O)[:, None], is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(tok, ))
+                _cta_barrier()
+                mbarrier.arrive(EMPTY_B.index(0))
                 m_run = m_new0
 
     # the two shares of the sum meet (each warpgroup stores its own, both arrive on DONE, which also says that both
@@ -291,17 +283,53 @@ def _consumer1_partial(a):
 
 
 @gluon.jit
-def _refill(K_LAT_W, K_ROPE_W, row, c0: gl.constexpr, ROPE: gl.constexpr, ok, full):
-    """Issue this warpgroup's copies of one column group of a tile (latent columns ``c0 .. c0 + 255`` of the rows at
-    ``row``, and the rope columns if ``ROPE``; zero-filled where not ``ok``) into buffer ``K_LAT_W``/``K_ROPE_W``,
-    and arrive on ``full`` as they land (count 128: one arrival per thread)."""
-    G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+def _copy_cols(dst, row, c0: gl.constexpr, d_half, ok):
+    """Issue the copies of latent columns ``c0 .. c0 + 255`` of a tile's rows (``row``: their addresses; zero-filled
+    where not ``ok``) into the same columns of ``dst``."""
+    cp.async_copy_global_to_shared(dst.slice(c0, 256, dim=1), row + c0 + d_half[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def _loader(a):
+    """The loader warpgroup, pair by pair: the indices of both tiles first, then each column group once its buffer's
+    readers handed it back (group A of both tiles, then group B of both: the order in which the consumers hand
+    them back), each arriving on its mbarrier as its copies land (count LOADER_WARPS * 32, one per lane)."""
+    (Q_LAT, Q_ROPE, K_LAT, K_ROPE, M0, M1, L0, L1, FULL_A, FULL_B, EMPTY_A, EMPTY_B, DONE,
+     Q_BAR, OUT, LSE, row0, n_rows, m0, k_lo, k_hi, n_tiles, limit_base, qk_scale, out_base, KV, KV_INDICES,
+     kv_start, stride_kv, num_heads) = a
+    BN: gl.constexpr = 64
+    G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LOADER_WARPS, 1], [1, 0])
+    t_off = gl.arange(0, BN, layout=gl.SliceLayout(1, G))
     d_half = gl.arange(0, 256, layout=gl.SliceLayout(0, G))
-    cp.async_copy_global_to_shared(K_LAT_W.slice(c0, 256, dim=1), row + c0 + d_half[None, :], mask=ok[:, None])
-    if ROPE:
-        d_rope = gl.arange(0, 64, layout=gl.SliceLayout(0, G))
-        cp.async_copy_global_to_shared(K_ROPE_W, row + 512 + d_rope[None, :], mask=ok[:, None])
-    cp.mbarrier_arrive(full, increment_count=False)
+    d_rope = gl.arange(0, 64, layout=gl.SliceLayout(0, G))
+    n_pairs = gl.cdiv(n_tiles, 2)
+    for k in range(n_pairs):
+        e_ph = (k & 1) ^ 1
+        ca = k_lo + 2 * k * BN + t_off
+        cb = ca + BN
+        ok_a = ca < k_hi
+        ok_b = cb < k_hi
+        idx_a = gl.load(KV_INDICES + kv_start + ca, mask=ok_a, other=0)
+        idx_b = gl.load(KV_INDICES + kv_start + cb, mask=ok_b, other=0)
+        row_a = KV + idx_a.to(gl.int64)[:, None] * stride_kv
+        row_b = KV + idx_b.to(gl.int64)[:, None] * stride_kv
+        has_b = 2 * k + 1 < n_tiles
+        mbarrier.wait(EMPTY_A.index(0), e_ph)
+        _copy_cols(K_LAT.index(0), row_a, 0, d_half, ok_a)
+        cp.mbarrier_arrive(FULL_A.index(0), increment_count=False)
+        if has_b:
+            mbarrier.wait(EMPTY_A.index(1), e_ph)
+            _copy_cols(K_LAT.index(1), row_b, 256, d_half, ok_b)
+            cp.mbarrier_arrive(FULL_A.index(1), increment_count=False)
+        mbarrier.wait(EMPTY_B.index(0), e_ph)
+        _copy_cols(K_LAT.index(0), row_a, 256, d_half, ok_a)
+        cp.async_copy_global_to_shared(K_ROPE.index(0), row_a + 512 + d_rope[None, :], mask=ok_a[:, None])
+        cp.mbarrier_arrive(FULL_B.index(0), increment_count=False)
+        if has_b:
+            mbarrier.wait(EMPTY_B.index(1), e_ph)
+            _copy_cols(K_LAT.index(1), row_b, 0, d_half, ok_b)
+            cp.async_copy_global_to_shared(K_ROPE.index(1), row_b + 512 + d_rope[None, :], mask=ok_b[:, None])
+            cp.mbarrier_arrive(FULL_B.index(1), increment_count=False)
 
 
 @gluon.jit
@@ -336,13 +364,17 @@ def mla_decode_gluon_ws_kernel(
         l1 = gl.allocate_shared_memory(gl.float32, [BM], ST_SL)
         full_a = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         full_b = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        empty_a = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        empty_b = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(done.index(0), count=2)  # both warpgroups, after their last tile
         mbarrier.init(q_bar.index(0), count=128)  # the query tile has landed: one arrival per default-partition lane
-        for i in gl.static_range(2):  # one arrival per thread of the warpgroup that issued the group's copies
-            mbarrier.init(full_a.index(i), count=128)
-            mbarrier.init(full_b.index(i), count=128)
+        for i in gl.static_range(2):
+            mbarrier.init(full_a.index(i), count=LOADER_WARPS * 32)
+            mbarrier.init(full_b.index(i), count=LOADER_WARPS * 32)
+            mbarrier.init(empty_a.index(i), count=1)  # group A handed back by the tile's owner
+            mbarrier.init(empty_b.index(i), count=1)  # group B handed back by the other warpgroup
 
         # the query tile, copied by the default partition and waited for before the partitions start
         G4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -354,32 +386,19 @@ def mla_decode_gluon_ws_kernel(
         cp.async_copy_global_to_shared(q_rope.index(0), q_base + D_LATENT + d_rope_g[None, :],
                                        mask=(g_rows < n_rows)[:, None])
         cp.commit_group()
-        # the first pair's tiles, by the same threads, in the order the consumers read them
-        c0 = k_lo + gl.arange(0, BN, layout=gl.SliceLayout(1, G4))
-        ok_a = c0 < k_hi
-        ok_b = c0 + BN < k_hi
-        row_a = KV + gl.load(KV_INDICES + kv_start + c0, mask=ok_a, other=0).to(gl.int64)[:, None] * stride_kv
-        row_b = KV + gl.load(KV_INDICES + kv_start + c0 + BN, mask=ok_b, other=0).to(gl.int64)[:, None] * stride_kv
-        if n_tiles > 0:
-            _refill(k_lat.index(0), k_rope.index(0), row_a, 0, False, ok_a, full_a.index(0))
-        if n_tiles > 1:
-            _refill(k_lat.index(1), k_rope.index(1), row_b, 256, False, ok_b, full_a.index(1))
-        if n_tiles > 0:
-            _refill(k_lat.index(0), k_rope.index(0), row_a, 256, True, ok_a, full_b.index(0))
-        if n_tiles > 1:
-            _refill(k_lat.index(1), k_rope.index(1), row_b, 0, True, ok_b, full_b.index(1))
-        cp.commit_group()
-        cp.wait_group(1)
+        cp.wait_group(0)
         mbarrier.arrive(q_bar.index(0), count=128)
         _cta_barrier()
         fence_async_shared()
 
         row0 = q_start * NUM_HEADS + pid_m * BM
         out_base = pid_s.to(gl.int64) * total_rows
-        args = (q_lat, q_rope, k_lat, k_rope, m0, m1, l0, l1, full_a, full_b, done,
+        args = (q_lat, q_rope, k_lat, k_rope, m0, m1, l0, l1, full_a, full_b, empty_a, empty_b, done,
                 q_bar, OUT, LSE, row0, n_rows - pid_m * BM, pid_m * BM, k_lo, k_hi, n_tiles, s_k - s_q, qk_scale,
                 out_base, KV, KV_INDICES, kv_start, stride_kv, NUM_HEADS)
         if DIRECT:
-            gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, ))], [4], [CONSUMER_REGS])
+            gl.warp_specialize([(_consumer0_direct, (args, )), (_consumer1_direct, (args, )),
+                                (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
         else:
-            gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, ))], [4], [CONSUMER_REGS])
+            gl.warp_specialize([(_consumer0_partial, (args, )), (_consumer1_partial, (args, )),
+                                (_loader, (args, ))], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
