@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import workbench  # noqa: F401  (sets TRITON_INTERPRET on CPU before kernels import)
+from mla_cases import offsets
 from workbench import cli, device, mla, perfmodel, qlen
 from workbench.decode_metadata import DecodeMetadata
 
@@ -49,8 +50,7 @@ def make_case(qo_lens, kv_lens, heads=2, dtype=torch.float32, seed=0):
     rows = 1 + torch.randperm(num_rows - 1, generator=g)[:total_kv]
     cache[rows] = torch.randn(total_kv, D, generator=g)
     q = torch.randn(sum(qo_lens), heads, D, generator=g)
-    cum = lambda xs: torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=torch.int32)  # noqa: E731
-    md = DecodeMetadata(qo_indptr=cum(qo_lens).to(DEV), kv_indptr=cum(kv_lens).to(DEV),
+    md = DecodeMetadata(qo_indptr=offsets(qo_lens).to(DEV), kv_indptr=offsets(kv_lens).to(DEV),
                         kv_indices=rows.to(torch.int32).to(DEV),
                         kv_last_page_lens=torch.ones(len(qo_lens), dtype=torch.int32, device=DEV),
                         max_qo_len=max(qo_lens))
