@@ -3,12 +3,14 @@
 What the IR says about speed, as tests: every Triton default that loads the indices one tile ahead double-buffers
 its row gather (a tile without it gets a single buffer: the loads of the next tile wait for this tile's math); the
 small-batch tiles keep their registers; nothing a PDL-launched kernel reads comes before its wait; the Gluon kernels
-keep their schedule (products, waits, 16-byte stores) within an H200 program's shared memory; the ROCm defaults fit
-the 64 KB of LDS of an MI300X and an MI355X. The compile runs in a subprocess with ``TRITON_INTERPRET=0``: in this
-process the kernels are the interpreter's Python functions.
+keep their schedule (products, waits, 16-byte stores) within an H200 program's shared memory; ptxas serialises no
+Hopper kernel's wgmma; the ROCm defaults fit the 64 KB of LDS of an MI300X and an MI355X. The compile runs in a
+subprocess with ``TRITON_INTERPRET=0``: in this process the kernels are the interpreter's Python functions.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -248,6 +250,36 @@ def test_merge_tiles_compile_without_spills(reports):
             assert r["spill_bytes"] == 0 and r["regs"] is not None, r
         else:
             assert r["scratch_bytes"] == 0 and r["vgprs"] is not None, r
+
+
+CONTROL_SCRIPT = f"""
+import json, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from triton.experimental.gluon._runtime import GluonASTSource
+from workbench import codegen
+import wgmma_pipeline_kernels as w
+out = {{}}
+for phi in (False, True):
+    k = codegen._compile(w.carried_product_kernel, {{"A": "*fp16", "OUT": "*fp32", "iters": "i32"}}, dict(PHI=phi),
+                         {{"A", "OUT"}}, codegen.HOPPER, dict(num_warps=4), source=GluonASTSource)
+    out[str(phi)] = codegen._ptxas_usage(k.asm["ptx"], "carried")[2]
+print(json.dumps(out))
+"""
+
+
+def test_no_hopper_kernel_has_its_wgmma_serialised(reports, run_compiled):
+    """ptxas runs every wgmma of a function one at a time, with only a note (C7514, C7515) to say so, when a
+    non-wgmma instruction may touch an accumulator whose product is in flight: the kernel stays correct and loses
+    the overlap of its products (a warpgroup 0 that carried its next S in flight across the loop's back edge did
+    this). The control kernel shows that the note is found: the same product loop serialised only where an
+    in-flight accumulator meets ordinary instructions in the loop's phi."""
+    control = run_compiled(CONTROL_SCRIPT)
+    assert control["False"] is None and "serialized" in (control["True"] or ""), control
+    hopper = [("triton " + k, r) for k, r in reports["triton"].items()] + [("triton 16x64", reports["old"])]
+    hopper += [(f"{name} {i}", r) for name in ("gluon", "gluon_ws", "gluon_swap") for i, r in enumerate(reports[name])]
+    assert len(hopper) >= 14
+    for label, r in hopper:
+        assert r["wgmma_serialized"] is None, (label, r["wgmma_serialized"])
 
 
 def test_gluon_split_kernel_fits_and_keeps_its_schedule(reports):

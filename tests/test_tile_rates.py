@@ -109,6 +109,7 @@ def test_compiled_kernels_keep_the_next_product_in_flight(run_compiled):
         assert pv["wgmma_waits"] == [1, 0]
         for r in (qk, pv):
             assert r["spill_bytes"] == 0 and r["shared"] <= 232_448
+            assert r["wgmma_serialized"] is None, r  # the products overlap as issued (tests/test_codegen.py)
 
 
 @pytest.mark.hopper

@@ -293,7 +293,7 @@ def merge_tile_report(block_r: int, block_d: int, split_chunk: int, arch: str = 
     report: dict[str, Any] = {"tile": (block_r, block_d), "split_chunk": split_chunk, "warps": num_warps,
                               "arch": arch}
     if arch == "sm_90":
-        report["regs"], report["spill_bytes"] = _ptxas_usage(kernel.asm["ptx"], "mla_decode_merge_kernel")
+        report["regs"], report["spill_bytes"], _ = _ptxas_usage(kernel.asm["ptx"], "mla_decode_merge_kernel")
     else:
         report.update(_amd_usage(kernel.asm["amdgcn"]))
     return report
@@ -306,9 +306,9 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
                    name: str) -> tuple[Any, str, dict[str, Any]]:
     """Compile one of the Gluon split kernels for Hopper with the library's argument types (``OUT`` in ``dtype``:
     the final output, or the 16-bit partials) and return it, its PTX and the facts every report shares: ``regs``
-    and ``spill_bytes`` (``ptxas -v``), ``shared`` (bytes), ``wgmma`` (``wgmma.mma_async`` instructions),
-    ``global_stores`` (``st.global`` kinds: ``st.global.v4.b32`` are 16-byte vectors) and, with PDL,
-    :func:`pdl_report`."""
+    and ``spill_bytes`` (``ptxas -v``), ``wgmma_serialized`` (:func:`_ptxas_usage`), ``shared`` (bytes), ``wgmma``
+    (``wgmma.mma_async`` instructions), ``global_stores`` (``st.global`` kinds: ``st.global.v4.b32`` are 16-byte
+    vectors) and, with PDL, :func:`pdl_report`."""
     _check_dtype(dtype, ("bf16", "fp16"))
     _require_compiled()
     import triton
@@ -318,8 +318,9 @@ def _compile_gluon(fn: Any, dtype: str, direct: bool, consts: dict[str, Any], op
     kernel = _compile(fn, runtime, dict(consts, DIRECT=direct, D_LATENT=512, D_ROPE=64), _DIVISIBLE_BY_16, HOPPER,
                       options, source=GluonASTSource)
     ptx = kernel.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx, name)
-    return kernel, ptx, {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
+    regs, spills, serialized = _ptxas_usage(ptx, name)
+    return kernel, ptx, {"regs": regs, "spill_bytes": spills, "wgmma_serialized": serialized,
+                         "shared": kernel.metadata.shared,
                          "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "global_stores": _global_stores(ptx),
                          "cp_async_wait": _async_waits(ptx), "pdl": pdl_report(ptx) if consts.get("PDL") else None,
                          "triton": triton.__version__}
@@ -384,8 +385,9 @@ def gluon_ws_kernel_report(direct: bool = False, heads: int = 16, dtype: str = "
 
 def tile_rate_kernel_report(product: str, width: int, dtype: str = "bf16") -> dict[str, Any]:
     """Compile :mod:`workbench.mla.tile_rates`'s kernel for ``product`` (``qk`` or ``pv``) at ``width`` tokens for
-    Hopper and report ``regs``, ``spill_bytes``, ``shared``, ``wgmma`` (instructions), ``wgmma_shapes`` and
-    ``wgmma_waits`` (the ``wgmma.wait_group`` counts, in program order: the loop's, then the last one's)."""
+    Hopper and report ``regs``, ``spill_bytes``, ``wgmma_serialized``, ``shared``, ``wgmma`` (instructions),
+    ``wgmma_shapes`` and ``wgmma_waits`` (the ``wgmma.wait_group`` counts, in program order: the loop's, then the
+    last one's)."""
     _check_dtype(dtype, ("bf16", "fp16"))
     _require_compiled()
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -398,14 +400,22 @@ def tile_rate_kernel_report(product: str, width: int, dtype: str = "bf16") -> di
     kernel = _compile(fn, runtime, dict(BN=width), {*ops, "OUT"}, HOPPER, dict(num_warps=tile_rates.NUM_WARPS),
                       source=GluonASTSource)
     ptx = kernel.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx, f"tile_rate_{product}{width}")
-    return {"regs": regs, "spill_bytes": spills, "shared": kernel.metadata.shared,
+    regs, spills, serialized = _ptxas_usage(ptx, f"tile_rate_{product}{width}")
+    return {"regs": regs, "spill_bytes": spills, "wgmma_serialized": serialized, "shared": kernel.metadata.shared,
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "wgmma_shapes": _wgmma_shapes(ptx), "wgmma_waits": _wgmma_waits(ptx)}
 
 
-def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int]:
-    """(registers, spilled bytes) of ``ptx`` from the bundled ``ptxas -v``."""
+# ptxas's note (C7514, C7515, ...) that it made every wgmma of a function wait for the one before: it does so when
+# an instruction other than a wgmma reads or writes an accumulator while its product may still be in flight (as
+# happens when a loop carries one across its back edge), and the kernel then runs its products one at a time
+_WGMMA_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized[^\n]*")
+
+
+def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None, int, str | None]:
+    """(registers, spilled bytes, ptxas's note that it serialised the wgmma or None) of ``ptx`` from the bundled
+    ``ptxas -v``. A serialised kernel computes the right answer, slowly: only this note shows it before a GPU
+    does."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.ptx")
         with open(path, "w") as f:
@@ -416,25 +426,28 @@ def _ptxas_usage(ptx: str, name: str, arch: str = "sm_90a") -> tuple[int | None,
         raise RuntimeError(f"ptxas failed for {name}: {res.stderr[-2000:]}")
     regs = re.findall(r"Used (\d+) registers", res.stderr)
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
-    return (int(regs[-1]) if regs else None), (int(spills[-1]) if spills else 0)
+    serialized = _WGMMA_SERIALIZED.search(res.stderr)
+    return (int(regs[-1]) if regs else None), (int(spills[-1]) if spills else 0), (serialized and serialized[0])
 
 
 def split_kernel_report(cfg: Any, heads: int = 16, dtype: str = "bf16", *, pdl: bool | None = None,
                         arch: str = "sm_90a") -> dict[str, Any]:
     """Compile the Triton split kernel for ``cfg`` (a :class:`workbench.mla.TritonConfig`) for Hopper and report
-    ``regs`` and ``spill_bytes`` (``ptxas -v``), ``shared_buffers`` (the shapes of the TTGIR's shared-memory
-    allocations: a leading dimension of 2 or more is a multi-buffered pipeline), ``async_wait_num`` (the ``num`` of
-    each async wait: the copy groups left in flight), ``loop_order`` (:func:`loop_order`), ``ptx_lines`` and
-    :func:`pdl_report`. Specialised as the library launches it with more than one split."""
+    ``regs``, ``spill_bytes`` and ``wgmma_serialized`` (``ptxas -v``), ``shared_buffers`` (the shapes of the
+    TTGIR's shared-memory allocations: a leading dimension of 2 or more is a multi-buffered pipeline),
+    ``async_wait_num`` (the ``num`` of each async wait: the copy groups left in flight), ``loop_order``
+    (:func:`loop_order`), ``ptx_lines`` and :func:`pdl_report`. Specialised as the library launches it with more
+    than one split."""
     import triton
 
     kernel = _compile_split(cfg, heads, dtype, HOPPER, pdl)
     ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
-    regs, spills = _ptxas_usage(ptx, cfg.label.replace(" ", "_"), arch)
+    regs, spills, serialized = _ptxas_usage(ptx, cfg.label.replace(" ", "_"), arch)
     return {
         "label": cfg.label,
         "regs": regs,
         "spill_bytes": spills,
+        "wgmma_serialized": serialized,
         "shared_buffers": sorted(set(re.findall(r"local_alloc[^\n]*?memdesc<([0-9x]+)x(?:bf16|f16|f32|i32)", ttgir))),
         "async_wait_num": sorted({int(n) for n in re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir)}),
         "ptx_lines": ptx.count("\n"),
