@@ -1,7 +1,7 @@
 """The design log: every kernel idea that was built and measured, what it measured, and its verdict.
 
-A variant that lost is deleted from the library; its row here says what it was, what it measured on an H200,
-and where its code still lives (the git tag ``lab-2026-12``: ``git checkout lab-2026-12`` restores it). The
+A variant that lost is deleted from the library; its row here says what it was, what it measured (on an H200
+unless the row names another card), and where its code still lives (the git tag ``lab-2026-12``: ``git checkout lab-2026-12`` restores it). The
 rows are data (``data/design_log/<family>.json``, one file per kernel family), read by the book's
 "what moved the numbers" sections and its design-log appendix.
 """
@@ -44,7 +44,7 @@ def load(family: str) -> list[dict[str, str]]:
 
 def markdown(family: str) -> str:
     """The rows of ``family`` as a Markdown table (the book shows it with ``IPython.display.Markdown``)."""
-    head = "| idea | measured (H200) | verdict | code |\n|---|---|---|---|\n"
+    head = "| idea | measured (H200 unless named) | verdict | code |\n|---|---|---|---|\n"
     esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
     return head + "\n".join(f"| {esc(r['idea'])} | {esc(r['measured'])} | {esc(r['verdict'])} | `{esc(r['code'])}` |"
                             for r in load(family))
