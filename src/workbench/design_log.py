@@ -1,9 +1,9 @@
 """The design log: every kernel idea that was built and measured, what it measured, and its verdict.
 
 A variant that lost is deleted from the library; its row here says what it was, what it measured (on an H200
-unless the row names another card), and where its code still lives (the git tag ``lab-2026-12``: ``git checkout lab-2026-12`` restores it). The
-rows are data (``data/design_log/<family>.json``, one file per kernel family), read by the book's
-"what moved the numbers" sections and its design-log appendix.
+unless the row names another card), and where its code still lives (the git tag ``lab-2026-12``:
+``git checkout lab-2026-12`` restores it). The rows are data (``data/design_log/<family>.json``, one file per
+kernel family), read by the book's "what moved the numbers" sections and its design-log appendix.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ after the owner's own ``P V``, the other half and the rope columns (group B) aft
 ``S`` reads group A first, which was handed back early, and waits for group B only after it. Against the 32-token
 schedule that came before (four buffers, the other's ``P`` read into registers and rescaled there), this is
 9-12 % faster with two row blocks per request at B >= 64 and within about 1 % elsewhere; with its gathers left out
-it runs level with FlashMLA at those points, so what it still lacks there is in waiting for the rows (design log).
+it runs level with FlashMLA at those points, so the gap there comes with the rows' copies: their wait or their
+share of the shared-memory port (design log).
 
 The scores stay unscaled: ``qk_scale`` goes into the row max and into the exponent (``exp2(s * qk_scale - m)``, one
 FFMA), and only a tile that some row does not see whole (the split's end, the causal edge) is masked. The query
